@@ -1,0 +1,59 @@
+// config.hpp — TOML configuration: configs/default.toml documents every key.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace airhost::detail {
+
+// A configuration or command-line error. what() is one sentence naming what was wrong
+// (for a file: "FILE:LINE:COLUMN: key 'timeout': ...") and what to do. Exit code 2.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Every setting a file or the command line can give. std::nullopt = not given, so that
+// the layers (defaults < file < flags) merge by "later given wins"; a setting given by no
+// layer takes the built-in default (LaunchSpec's, written out in configs/default.toml).
+struct Settings {
+  std::optional<int> accelerators;               // ranks; 0 or absent = auto
+  std::optional<std::chrono::seconds> timeout;   // 0 = disabled
+  std::optional<std::chrono::milliseconds> grace;
+  std::optional<std::string> python;             // "" = the default interpreter
+  std::optional<std::string> run_dir;            // "" = <runs root>/<run id>
+  std::optional<std::string> master_addr;
+  std::optional<int> master_port;
+  std::optional<bool> preflight;
+  std::optional<bool> prefix;                    // [output] prefix
+  std::optional<std::set<int>> ranks;            // [output] ranks; empty = all ranks
+  std::map<std::string, std::string> env;        // [env]
+
+  // Fields given in `over` replace ours; env maps merge with `over` winning.
+  void merge(const Settings& over);
+};
+
+// Parses TOML text; `origin` names it in error messages (a path, or "<string>").
+Settings parse_config(std::string_view toml_text, const std::string& origin);
+Settings load_config_file(const std::string& path);
+
+// "90", "90s", "15m", "3h", "1h30m", "500ms", "2d" → duration. Units go from largest to
+// smallest, each at most once. Throws ConfigError naming `what` and the text.
+std::chrono::milliseconds parse_duration(std::string_view text, const std::string& what);
+
+// parse_duration for a setting kept in whole seconds (the timeout): "1500ms" is an error
+// rather than a silent rounding, since rounding "500ms" down would disable the timeout.
+std::chrono::seconds parse_duration_seconds(std::string_view text, const std::string& what);
+
+// The candidate closest to `word` by edit distance, if close enough to be a likely typo;
+// for "did you mean" hints in config and command-line errors.
+std::optional<std::string> closest_name(std::string_view word,
+                                        const std::vector<std::string>& candidates);
+
+}  // namespace airhost::detail

@@ -1,0 +1,71 @@
+// frames.hpp — the control channel codec between a rank and its host.
+//
+// The channel is a socketpair inherited by the rank as a file descriptor (never a network
+// port). Each frame is a 16-byte header followed by `length` payload bytes:
+//
+//   offset 0  u32 magic  "AHF1" (0x31464841 little-endian): catches a stray writer early
+//   offset 4  u16 kind   FrameKind below; a reader skips kinds it does not know, so new
+//                        kinds (heartbeat, metrics, checkpoint notices) need no version bump
+//   offset 6  u16 flags  reserved, 0
+//   offset 8  u64 length payload size; bounded only by memory, the stream is drained as
+//                        it arrives, so no payload has to fit a pipe buffer
+//
+// All integers are little-endian. Structured payloads (errors) are a list of fields, each
+// `u32 name length, name, u64 value length, value`, so fields can be added freely too.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace airhost::detail {
+
+enum class FrameKind : std::uint16_t {
+  hello = 1,   // rank → host: the interpreter is up; fields: pid, python
+  result = 2,  // rank → host: pickled return value of the rank's function
+  error = 3,   // rank → host: fields type, message, traceback, pickled, time
+};
+
+constexpr std::uint32_t kFrameMagic = 0x31464841u;  // "AHF1"
+constexpr std::size_t kFrameHeaderSize = 16;
+
+struct Frame {
+  std::uint16_t kind = 0;
+  std::string payload;
+};
+
+class FrameError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+std::string encode_frame(std::uint16_t kind, std::string_view payload);
+// Just the 16-byte header, for writers that send a large payload without copying it.
+std::string encode_frame_header(std::uint16_t kind, std::uint64_t length);
+inline std::string encode_frame(FrameKind kind, std::string_view payload) {
+  return encode_frame(static_cast<std::uint16_t>(kind), payload);
+}
+
+// Incremental decoder: feed() whatever bytes arrived, then pop complete frames.
+class FrameDecoder {
+ public:
+  // Throws FrameError on a bad magic: the stream is then unusable.
+  void feed(std::string_view bytes);
+  std::optional<Frame> next();
+  // Bytes of a frame still incomplete (non-zero at EOF means a truncated frame).
+  std::size_t pending() const noexcept { return buffer_.size() - consumed_; }
+
+ private:
+  std::string buffer_;
+  std::size_t consumed_ = 0;
+};
+
+using Fields = std::map<std::string, std::string>;
+std::string encode_fields(const Fields& fields);
+Fields decode_fields(std::string_view payload);  // throws FrameError when malformed
+
+}  // namespace airhost::detail

@@ -1,0 +1,183 @@
+#include "airhost/launcher.hpp"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <mutex>
+#include <system_error>
+
+#include "airhost/airhost.hpp"
+#include "port.hpp"
+#include "report_format.hpp"
+#include "run_dir.hpp"
+#include "supervisor.hpp"
+#include "util.hpp"
+
+namespace airhost {
+
+const char* version() noexcept { return AIRHOST_VERSION; }
+
+namespace {
+
+using detail::is_executable;
+
+bool is_file(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// The rank executable: given, $AIRHOST_RANK_BINARY, next to the running program (the CLI in
+// a venv's bin/, or python itself for the Python API: pip installs both there), or the
+// install prefix's libexec.
+std::string find_rank_binary(const LaunchSpec& spec) {
+  if (!spec.rank_binary.empty()) return spec.rank_binary;
+  auto env = detail::getenv_or("AIRHOST_RANK_BINARY", "");
+  if (!env.empty()) return env;
+  const std::string beside = detail::dirname_of(detail::executable_path()) + "/airhost-rank";
+  if (is_executable(beside)) return beside;
+  return std::string(AIRHOST_INSTALL_LIBEXECDIR) + "/airhost-rank";
+}
+
+// The interpreter ranks use by default: the python of the environment airhost was
+// installed into (the CLI sits next to it in bin/), else the one airhost was built with.
+// Empty lets libpython find its own home.
+std::string default_python() {
+  const std::string beside = detail::dirname_of(detail::executable_path()) + "/python3";
+  if (is_executable(beside)) return beside;
+  return is_executable(AIRHOST_DEFAULT_PYTHON) ? std::string(AIRHOST_DEFAULT_PYTHON) : std::string{};
+}
+
+std::string entry_kind(const Entry& e) {
+  switch (e.kind) {
+    case Entry::Kind::script: return "script";
+    case Entry::Kind::module: return "module";
+    case Entry::Kind::function:
+      return e.target.ends_with(".py") || e.target.find('/') != std::string::npos ? "function-script"
+                                                                                 : "function-module";
+    case Entry::Kind::pickled: return "pickled";
+  }
+  return "script";
+}
+
+void validate(const LaunchSpec& spec, const std::string& rank_binary) {
+  auto fail = [](const std::string& s) { throw LaunchError(s); };
+  if (spec.nprocs < 1) fail("the number of ranks must be at least 1, got " + std::to_string(spec.nprocs));
+  if (spec.nnodes < 1 || spec.node_rank < 0 || spec.node_rank >= spec.nnodes)
+    fail("node_rank must be in [0, nnodes); got node_rank " + std::to_string(spec.node_rank) + " of " +
+         std::to_string(spec.nnodes) + " nodes");
+  if (spec.timeout.count() < 0) fail("the timeout cannot be negative (use 0 to disable it)");
+  if (spec.grace.count() < 0) fail("the grace period cannot be negative");
+  if (spec.master_port < 0 || spec.master_port > 65535)
+    fail("master_port must be in 0..65535, got " + std::to_string(spec.master_port));
+  if (spec.entry.target.empty() && spec.entry.kind != Entry::Kind::pickled)
+    fail("nothing to run: give a script, `script.py:function` or `-m module`");
+  const bool is_path = spec.entry.kind == Entry::Kind::script ||
+                       (spec.entry.kind == Entry::Kind::function && entry_kind(spec.entry) == "function-script");
+  if (is_path) {
+    std::string path = spec.entry.target;
+    if (!path.starts_with("/") && !spec.working_dir.empty()) path = spec.working_dir + "/" + path;
+    if (!is_file(path))
+      fail("script '" + spec.entry.target + "' not found (working directory " +
+           (spec.working_dir.empty() ? detail::current_directory() : spec.working_dir) +
+           "); check the path");
+  }
+  if (spec.entry.kind == Entry::Kind::function && spec.entry.function.empty())
+    fail("no function named after ':' in '" + spec.entry.target + ":'");
+  if (!is_executable(rank_binary))
+    fail("the rank runtime '" + rank_binary + "' is missing or not executable; reinstall airhost, "
+         "or point AIRHOST_RANK_BINARY at airhost-rank");
+  if (!spec.python.empty() && !is_executable(spec.python))
+    fail("python interpreter '" + spec.python + "' is not an executable file; give the path of a python "
+         "binary (or a venv's bin/python)");
+}
+
+}  // namespace
+
+struct Launcher::Impl {
+  LaunchSpec spec;
+  Callbacks callbacks;
+  std::mutex mutex;  // guards supervisor and pending_cancel against cancel() from other threads
+  detail::Supervisor* supervisor = nullptr;
+  int pending_cancel = 0;
+  bool ran = false;
+};
+
+Launcher::Launcher(LaunchSpec spec, Callbacks callbacks) : impl_(std::make_unique<Impl>()) {
+  impl_->spec = std::move(spec);
+  impl_->callbacks = std::move(callbacks);
+}
+
+Launcher::~Launcher() = default;
+
+void Launcher::cancel(int signal) noexcept {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->supervisor) impl_->supervisor->cancel(signal);
+  else if (!impl_->ran) impl_->pending_cancel = signal ? signal : SIGINT;
+}
+
+RunReport Launcher::run() {
+  LaunchSpec& spec = impl_->spec;
+  {
+    std::lock_guard lock(impl_->mutex);
+    if (impl_->ran) throw LaunchError("a Launcher runs once; create another one for a new launch");
+    impl_->ran = true;
+  }
+  const std::string rank_binary = find_rank_binary(spec);
+  if (spec.python.empty()) spec.python = default_python();
+  validate(spec, rank_binary);
+
+  if (spec.run_id.empty()) spec.run_id = detail::make_run_id();
+  if (spec.run_dir.empty()) spec.run_dir = default_runs_root() + "/" + spec.run_id;
+  try {
+    detail::create_run_dir(spec.run_dir);
+  } catch (const std::system_error& e) {
+    throw LaunchError(std::string(e.what()) + "; choose another with --run-dir or AIRHOST_RUNS_DIR");
+  }
+
+  std::string target = spec.entry.target;
+  if (spec.entry.kind == Entry::Kind::pickled) {
+    target = spec.run_dir + "/payload.pkl";
+    detail::write_file_atomic(target, spec.entry.payload);
+    spec.entry.payload.clear();  // written once, read by every rank; no need to hold it twice
+  }
+
+  detail::PortReservation port;
+  try {
+    port = detail::PortReservation::reserve(spec.master_port);
+  } catch (const std::system_error& e) {
+    throw LaunchError(std::string(e.what()) + "; pick another --master-port, or 0 for a free one");
+  }
+
+  detail::Supervisor::Plan plan;
+  plan.spec = &spec;
+  plan.callbacks = &impl_->callbacks;
+  plan.context = {spec.run_id, spec.run_dir, port.port(), static_cast<int>(::getpid()), 3};
+  plan.base_env = detail::current_environment();
+  plan.rank_argv = {rank_binary, "--kind", entry_kind(spec.entry), "--target", target};
+  if (!spec.entry.function.empty()) plan.rank_argv.insert(plan.rank_argv.end(), {"--function", spec.entry.function});
+  if (!spec.python.empty()) plan.rank_argv.insert(plan.rank_argv.end(), {"--python", spec.python});
+  plan.rank_argv.push_back("--");
+  plan.rank_argv.insert(plan.rank_argv.end(), spec.entry.args.begin(), spec.entry.args.end());
+
+  detail::Supervisor supervisor(std::move(plan), detail::make_spawn_starter());
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->supervisor = &supervisor;
+    if (impl_->pending_cancel) supervisor.cancel(impl_->pending_cancel);
+  }
+  RunReport report = supervisor.run();
+  {
+    std::lock_guard lock(impl_->mutex);
+    impl_->supervisor = nullptr;
+  }
+  try {
+    detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json(report, spec));
+  } catch (const std::system_error& e) {
+    std::fprintf(stderr, "airhost: %s\n", e.what());  // the run itself is over; say so and go on
+  }
+  return report;
+}
+
+}  // namespace airhost

@@ -1,0 +1,139 @@
+// airhost — run a Python script or function on every accelerator of this node.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "accelerators.hpp"
+#include "airhost/airhost.hpp"
+#include "cli.hpp"
+#include "report_format.hpp"
+#include "run_dir.hpp"
+#include "util.hpp"
+
+namespace {
+
+using namespace airhost;
+using namespace airhost::detail;
+
+int usage_error(const std::string& message) {
+  std::fprintf(stderr, "airhost: %s\nRun 'airhost --help' for usage.\n", message.c_str());
+  return to_int(ExitCode::usage);
+}
+
+// HostOptions (flags over file over defaults) → a fully resolved LaunchSpec.
+LaunchSpec make_spec(const HostOptions& opts) {
+  const Settings& s = opts.settings;
+  LaunchSpec spec;
+  spec.entry = opts.entry;
+  const auto inventory = detect_accelerators();
+  spec.nprocs = s.accelerators.value_or(0) > 0 ? *s.accelerators : default_rank_count(inventory);
+  spec.devices = assign_devices(inventory, spec.nprocs);
+  if (s.timeout) spec.timeout = *s.timeout;
+  if (s.grace) spec.grace = *s.grace;
+  if (s.python) spec.python = *s.python;
+  if (s.run_dir) spec.run_dir = *s.run_dir;
+  if (s.master_addr) spec.master_addr = *s.master_addr;
+  if (s.master_port) spec.master_port = *s.master_port;
+  if (s.prefix) spec.output.prefix = *s.prefix;
+  if (s.ranks) spec.output.ranks = *s.ranks;
+  spec.env = s.env;
+  spec.handle_signals = true;
+  return spec;
+}
+
+// Function entries return values; the CLI keeps them as files next to run.json.
+void save_results(const RunReport& report) {
+  bool any = false;
+  for (const auto& r : report.ranks) any |= r.result.has_value();
+  if (!any) return;
+  std::string dir = report.run_dir + "/results";
+  create_run_dir(dir);
+  for (const auto& r : report.ranks)
+    if (r.result) write_file_atomic(dir + "/rank-" + std::to_string(r.rank) + ".pkl", *r.result);
+}
+
+int doctor(const HostOptions& opts);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the supervisor of a 3-day run
+
+  HostOptions opts;
+  try {
+    opts = parse_command_line(std::vector<std::string>(argv, argv + argc), current_directory());
+  } catch (const ConfigError& e) {
+    return usage_error(e.what());
+  }
+
+  switch (opts.command) {
+    case Command::help:
+      std::fputs(usage_text().c_str(), stdout);
+      return 0;
+    case Command::version:
+      std::printf("airhost %s\n", version());
+      return 0;
+    case Command::doctor:
+      return doctor(opts);
+    case Command::run:
+      break;
+  }
+
+  LaunchSpec spec;
+  try {
+    spec = make_spec(opts);
+  } catch (const ConfigError& e) {
+    return usage_error(e.what());
+  }
+
+  Launcher launcher(std::move(spec));
+  RunReport report;
+  try {
+    report = launcher.run();
+  } catch (const LaunchError& e) {
+    return usage_error(e.what());
+  }
+
+  try {
+    save_results(report);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "airhost: cannot save results: %s\n", e.what());
+  }
+  if (report.ok()) {
+    std::fprintf(stderr, "airhost: %s in %.1f s (logs: %s/logs)\n", report.message.c_str(), report.wall_seconds,
+                 report.run_dir.c_str());
+  } else {
+    std::fputs(failure_summary(report).c_str(), stderr);
+  }
+  return report.exit_code;
+}
+
+namespace {
+
+int doctor(const HostOptions& opts) {
+  const auto inv = detect_accelerators();
+  if (opts.json) {
+    std::printf("{\"nvml_loaded\": %s, \"nvml_error\": \"%s\", \"driver_version\": \"%s\", \"gpus\": [",
+                inv.nvml_loaded ? "true" : "false", json_escape(inv.nvml_error).c_str(),
+                json_escape(inv.driver_version).c_str());
+    for (std::size_t i = 0; i < inv.gpus.size(); ++i) {
+      const auto& g = inv.gpus[i];
+      std::printf("%s{\"index\": %d, \"name\": \"%s\", \"uuid\": \"%s\", \"memory_total\": %llu}", i ? ", " : "",
+                  g.index, json_escape(g.name).c_str(), json_escape(g.uuid).c_str(), g.memory_total);
+    }
+    std::printf("]}\n");
+  } else if (inv.gpus.empty()) {
+    std::printf("No NVIDIA GPU is usable on this node: %s\nairhost runs CPU ranks here (gloo backend).\n",
+                inv.nvml_error.empty() ? "NVML reports no visible device" : inv.nvml_error.c_str());
+  } else {
+    std::printf("NVIDIA driver %s, %zu GPU(s) visible:\n", inv.driver_version.c_str(), inv.gpus.size());
+    for (const auto& g : inv.gpus)
+      std::printf("  [%d] %s  %.1f GiB  %s\n", g.index, g.name.c_str(), g.memory_total / 1073741824.0, g.uuid.c_str());
+  }
+  return inv.gpus.empty() ? to_int(ExitCode::no_accelerator) : 0;
+}
+
+}  // namespace

@@ -1,0 +1,59 @@
+#include "rank_env.hpp"
+
+#include <map>
+
+namespace airhost::detail {
+
+std::vector<std::string> build_rank_env(const LaunchSpec& spec, int local_rank, const RunContext& ctx,
+                                        const std::vector<std::string>& base) {
+  // An ordered map keeps the output deterministic, which the tests and `env | sort` like.
+  std::map<std::string, std::string> env;
+  if (spec.inherit_env) {
+    for (const auto& kv : base) {
+      auto eq = kv.find('=');
+      if (eq == std::string::npos || eq == 0) continue;
+      env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+  }
+
+  env.try_emplace("OMP_NUM_THREADS", "1");
+
+  const int rank = spec.node_rank * spec.nprocs + local_rank;
+  const int world = spec.nnodes * spec.nprocs;
+  env["PYTHONUNBUFFERED"] = "1";
+  env["RANK"] = std::to_string(rank);
+  env["LOCAL_RANK"] = std::to_string(local_rank);
+  env["WORLD_SIZE"] = std::to_string(world);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(spec.nprocs);
+  env["GROUP_RANK"] = std::to_string(spec.node_rank);
+  env["GROUP_WORLD_SIZE"] = std::to_string(spec.nnodes);
+  env["ROLE_RANK"] = std::to_string(rank);
+  env["ROLE_WORLD_SIZE"] = std::to_string(world);
+  env["ROLE_NAME"] = "default";
+  env["MASTER_ADDR"] = spec.master_addr;
+  env["MASTER_PORT"] = std::to_string(ctx.master_port);
+  env["TORCHELASTIC_RUN_ID"] = ctx.run_id;
+  env["TORCHELASTIC_RESTART_COUNT"] = "0";
+  env["TORCHELASTIC_MAX_RESTARTS"] = "0";
+  env["AIRHOST_RUN_ID"] = ctx.run_id;
+  env["AIRHOST_RUN_DIR"] = ctx.run_dir;
+  env["AIRHOST_HOST_PID"] = std::to_string(ctx.host_pid);
+  env["AIRHOST_CONTROL_FD"] = std::to_string(ctx.control_fd);
+  if (!spec.devices.empty()) {
+    std::string list;
+    for (int d : spec.devices) list += (list.empty() ? "" : ",") + std::to_string(d);
+    env["CUDA_VISIBLE_DEVICES"] = list;
+    // NVML numbers GPUs in PCI bus order, CUDA by speed unless told otherwise: on a node of
+    // mixed GPUs the indices above would name other devices.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";
+  }
+
+  for (const auto& [k, v] : spec.env) env[k] = v;
+
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+}  // namespace airhost::detail

@@ -1,0 +1,50 @@
+// rank_env.hpp — the ONE place a rank's environment is built.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "airhost/launch.hpp"
+
+namespace airhost::detail {
+
+// Facts about this run that every rank's environment carries.
+struct RunContext {
+  std::string run_id;
+  std::string run_dir;
+  int master_port = 0;
+  int host_pid = 0;
+  int control_fd = 3;  // where the rank finds its control channel
+};
+
+// Returns the environment ("KEY=VALUE") of local rank `local_rank`, in this order, later
+// entries overriding earlier ones:
+//
+//   1. `base` — the caller's environment (when spec.inherit_env), so PATH, venv variables,
+//      credentials and NCCL_* settings reach the ranks unchanged;
+//   2. defaults that apply only when the caller did not set them:
+//        OMP_NUM_THREADS=1        N ranks × all cores of threads would oversubscribe the CPU
+//                                 (torchrun does the same);
+//   3. what airhost decides, always:
+//        PYTHONUNBUFFERED=1       output reaches the host (and the user) as it is printed;
+//        RANK                     global rank = node_rank * nprocs + local_rank
+//        LOCAL_RANK               index on this node (and into CUDA_VISIBLE_DEVICES)
+//        WORLD_SIZE               nnodes * nprocs
+//        LOCAL_WORLD_SIZE         nprocs
+//        GROUP_RANK               node_rank          \ torchrun's names, so code written
+//        ROLE_RANK                = RANK              | for torchrun, Lightning or HF
+//        ROLE_WORLD_SIZE          = WORLD_SIZE        | accelerate runs unchanged
+//        ROLE_NAME                "default"          /
+//        MASTER_ADDR, MASTER_PORT where rank 0 serves the rendezvous store
+//        TORCHELASTIC_RUN_ID      = AIRHOST_RUN_ID
+//        TORCHELASTIC_RESTART_COUNT=0, TORCHELASTIC_MAX_RESTARTS=0
+//        AIRHOST_RUN_ID, AIRHOST_RUN_DIR    the run's id and directory (logs, run.json)
+//        AIRHOST_HOST_PID         the host's pid: the rank dies with it
+//        AIRHOST_CONTROL_FD       the control channel's descriptor
+//        CUDA_VISIBLE_DEVICES     the run's GPUs, only when spec.devices is not empty, with
+//        CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers them as NVML does
+//   4. spec.env — the user's explicit extra variables, last, so they can override anything.
+std::vector<std::string> build_rank_env(const LaunchSpec& spec, int local_rank, const RunContext& ctx,
+                                        const std::vector<std::string>& base);
+
+}  // namespace airhost::detail

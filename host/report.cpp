@@ -1,0 +1,150 @@
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "report_format.hpp"
+#include "util.hpp"
+
+namespace airhost {
+
+const char* to_string(RankState s) noexcept {
+  switch (s) {
+    case RankState::pending: return "pending";
+    case RankState::running: return "running";
+    case RankState::succeeded: return "succeeded";
+    case RankState::failed: return "failed";
+    case RankState::stopped: return "stopped";
+  }
+  return "unknown";
+}
+
+const char* to_string(Outcome o) noexcept {
+  switch (o) {
+    case Outcome::succeeded: return "succeeded";
+    case Outcome::failed: return "failed";
+    case Outcome::timed_out: return "timed_out";
+    case Outcome::interrupted: return "interrupted";
+    case Outcome::not_started: return "not_started";
+  }
+  return "unknown";
+}
+
+}  // namespace airhost
+
+namespace airhost::detail {
+namespace {
+
+std::string q(std::string_view s) { return "\"" + json_escape(s) + "\""; }
+
+std::string first_line(const std::string& s) {
+  auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+const char* kind_name(Entry::Kind k) {
+  switch (k) {
+    case Entry::Kind::script: return "script";
+    case Entry::Kind::module: return "module";
+    case Entry::Kind::function: return "function";
+    case Entry::Kind::pickled: return "pickled";
+  }
+  return "unknown";
+}
+
+// The last `lines` lines of a log: what a rank said before it died without an exception.
+std::string log_tail(const std::string& path, std::size_t lines) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  const std::streamoff start = size > 8192 ? size - 8192 : 0;
+  in.seekg(start);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::size_t pos = text.size();
+  if (pos && text[pos - 1] == '\n') --pos;
+  for (std::size_t n = 0; n < lines && pos != std::string::npos && pos > 0; ++n) pos = text.rfind('\n', pos - 1);
+  return pos == std::string::npos ? text : text.substr(pos + 1);
+}
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.6f", v);
+  return buf;
+}
+
+}  // namespace
+
+std::string describe_exit(const RankReport& r) {
+  if (r.term_signal) return signal_name(r.term_signal) + " (signal " + std::to_string(r.term_signal) + ")";
+  if (r.exit_code >= 0) return "exit " + std::to_string(r.exit_code);
+  return to_string(r.state);
+}
+
+std::string run_json(const RunReport& report, const LaunchSpec& spec) {
+  std::ostringstream o;
+  o << "{\n  \"run_id\": " << q(report.run_id) << ",\n  \"run_dir\": " << q(report.run_dir)
+    << ",\n  \"outcome\": " << q(to_string(report.outcome)) << ",\n  \"exit_code\": " << report.exit_code
+    << ",\n  \"root_cause\": " << report.root_cause << ",\n  \"message\": " << q(report.message)
+    << ",\n  \"wall_seconds\": " << number(report.wall_seconds) << ",\n  \"entry\": {\"kind\": "
+    << q(kind_name(spec.entry.kind)) << ", \"target\": " << q(spec.entry.target) << ", \"function\": "
+    << q(spec.entry.function) << ", \"args\": [";
+  for (std::size_t i = 0; i < spec.entry.args.size(); ++i) o << (i ? ", " : "") << q(spec.entry.args[i]);
+  o << "]},\n  \"nprocs\": " << spec.nprocs << ",\n  \"ranks\": [";
+  for (std::size_t i = 0; i < report.ranks.size(); ++i) {
+    const auto& r = report.ranks[i];
+    o << (i ? "," : "") << "\n    {\"rank\": " << r.rank << ", \"local_rank\": " << r.local_rank
+      << ", \"pid\": " << r.pid << ", \"state\": " << q(to_string(r.state)) << ", \"exit_code\": "
+      << r.exit_code << ", \"signal\": " << r.term_signal << ", \"signal_name\": "
+      << (r.term_signal ? q(signal_name(r.term_signal)) : "null") << ", \"has_result\": "
+      << (r.result ? "true" : "false") << ", \"started_at\": " << number(r.started_at)
+      << ", \"ended_at\": " << number(r.ended_at) << ", \"stdout_log\": " << q(r.stdout_log)
+      << ", \"stderr_log\": " << q(r.stderr_log) << ", \"error\": ";
+    if (r.error) {
+      o << "{\"type\": " << q(r.error->type) << ", \"message\": " << q(r.error->message)
+        << ", \"time\": " << number(r.error->time) << ", \"traceback\": " << q(r.error->traceback) << "}";
+    } else {
+      o << "null";
+    }
+    o << "}";
+  }
+  o << "\n  ]\n}\n";
+  return o.str();
+}
+
+std::string failure_summary(const RunReport& report) {
+  if (report.ok()) return {};
+  std::ostringstream o;
+  o << "airhost: " << report.message << "\n";
+  bool header = false;
+  for (const auto& r : report.ranks) {
+    if (r.state != RankState::failed) continue;
+    if (!header) {
+      o << "Failed ranks:\n";
+      header = true;
+    }
+    o << "  rank " << r.rank << " (pid " << r.pid << "): " << describe_exit(r);
+    if (r.error) o << ": " << r.error->type << ": " << first_line(r.error->message);
+    o << "\n    log: " << r.stderr_log << "\n";
+  }
+  int stopped = 0;
+  for (const auto& r : report.ranks) stopped += r.state == RankState::stopped;
+  if (stopped) o << "Stopped by airhost: " << stopped << " rank" << (stopped > 1 ? "s" : "") << "\n";
+  if (report.root_cause >= 0) {
+    for (const auto& r : report.ranks) {
+      if (r.rank != report.root_cause) continue;
+      o << "Root cause: rank " << r.rank << " (pid " << r.pid << "), " << describe_exit(r) << "\n";
+      if (r.error && !r.error->traceback.empty()) {
+        o << r.error->traceback;
+        if (r.error->traceback.back() != '\n') o << "\n";
+      } else {
+        const std::string tail = log_tail(r.stderr_log, 20);
+        o << "  (no Python exception was reported; the end of " << r.stderr_log << " follows)\n";
+        if (!tail.empty()) o << tail << (tail.back() == '\n' ? "" : "\n");
+      }
+    }
+  }
+  o << "Run directory: " << report.run_dir << " (run.json, logs/)\n";
+  return o.str();
+}
+
+}  // namespace airhost::detail

@@ -1,0 +1,71 @@
+#include "run_dir.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
+#include <random>
+#include <system_error>
+
+#include "airhost/launch.hpp"
+#include "util.hpp"
+
+namespace airhost {
+
+std::string default_runs_root() {
+  if (const char* root = std::getenv("AIRHOST_RUNS_DIR"); root && *root) return root;
+  if (const char* state = std::getenv("XDG_STATE_HOME"); state && *state) return std::string(state) + "/airhost/runs";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.local/state/airhost/runs";
+  return "/tmp/airhost-runs-" + std::to_string(::getuid());
+}
+
+}  // namespace airhost
+
+namespace airhost::detail {
+
+std::string make_run_id() {
+  std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  ::localtime_r(&t, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  std::random_device rd;
+  char suffix[16];
+  std::snprintf(suffix, sizeof suffix, "%06x", rd() & 0xffffff);
+  return std::string(stamp) + "-" + suffix;
+}
+
+namespace {
+void mkdir_p(const std::string& path) {
+  if (path.empty()) return;
+  struct stat st{};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (!S_ISDIR(st.st_mode)) throw std::system_error(ENOTDIR, std::generic_category(), path);
+    return;
+  }
+  auto parent = dirname_of(path);
+  if (parent != path) mkdir_p(parent);
+  if (::mkdir(path.c_str(), 0700) < 0 && errno != EEXIST)
+    throw std::system_error(errno, std::generic_category(), "cannot create run directory " + path);
+}
+}  // namespace
+
+void create_run_dir(const std::string& path) {
+  mkdir_p(path);
+  mkdir_p(path + "/logs");
+}
+
+void write_file_atomic(const std::string& path, const std::string& data) {
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot write " + path);
+  bool ok = write_all(fd, data);
+  ok = (::close(fd) == 0) && ok;
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) < 0)
+    throw std::system_error(errno, std::generic_category(), "cannot write " + path);
+}
+
+}  // namespace airhost::detail

@@ -1,0 +1,18 @@
+// run_dir.hpp — the run directory: logs, payload, results, run.json. Mode 0700.
+#pragma once
+
+#include <string>
+
+namespace airhost::detail {
+
+// "20261202-141503-3fa9c1": sortable by start time, unique across concurrent launches.
+std::string make_run_id();
+
+// Creates `path` and its parents (0700 for what it creates) plus `logs/`. Throws
+// std::system_error naming the path when it cannot.
+void create_run_dir(const std::string& path);
+
+// Writes `data` to `path` (0600) via a temporary file and rename, so readers never see half.
+void write_file_atomic(const std::string& path, const std::string& data);
+
+}  // namespace airhost::detail

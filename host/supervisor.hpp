@@ -1,0 +1,45 @@
+// supervisor.hpp — the libuv loop that watches one run's ranks.
+#pragma once
+
+#include <memory>
+
+#include "airhost/launcher.hpp"
+#include "rank_env.hpp"
+#include "rank_starter.hpp"
+
+namespace airhost::detail {
+
+// The life of a run, in the style of tini: spawn every rank, watch, tear down, report.
+//
+//   running ──(a rank fails | timeout | signal/cancel)──▶ tearing down ──▶ done
+//      │                                                   SIGTERM (or the host's signal),
+//      └──(every rank exits 0)──────────────────────────▶ done   SIGKILL after the grace
+//
+// "done" means every rank is reaped and every pipe has reached EOF, so no output is lost.
+class Supervisor {
+ public:
+  struct Plan {
+    const LaunchSpec* spec;
+    const Callbacks* callbacks;
+    RunContext context;
+    std::vector<std::string> rank_argv;  // the command every rank runs
+    std::vector<std::string> base_env;   // the caller's environment
+  };
+
+  Supervisor(Plan plan, std::unique_ptr<RankStarter> starter);
+  ~Supervisor();
+  Supervisor(const Supervisor&) = delete;
+  Supervisor& operator=(const Supervisor&) = delete;
+
+  // Runs the loop to completion. Call once.
+  RunReport run();
+
+  // Any thread: tear the run down as if the host got `sig`.
+  void cancel(int sig) noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace airhost::detail

@@ -1,0 +1,23 @@
+// util.hpp — small system helpers shared by the host's files.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace airhost::detail {
+
+double now_seconds();                     // wall clock, seconds since the epoch
+std::string signal_name(int sig);         // 11 → "SIGSEGV"
+// Writes everything, retrying on EINTR and waiting out EAGAIN on a non-blocking fd.
+// Returns false when the fd is gone (EPIPE and friends): output is then dropped, never fatal.
+bool write_all(int fd, std::string_view data);
+std::vector<std::string> current_environment();
+std::string getenv_or(const char* name, const std::string& fallback);
+std::string current_directory();
+std::string executable_path();            // /proc/self/exe
+std::string dirname_of(const std::string& path);
+bool is_executable(const std::string& path);
+std::string json_escape(std::string_view s);  // contents of a JSON string, without quotes
+
+}  // namespace airhost::detail

@@ -1,0 +1,68 @@
+// airhost/launch.hpp — what to run, on how many ranks, and how to watch it.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace airhost {
+
+// What each rank runs. Built by the CLI from `train.py`, `train.py:main`, `-m pkg` or
+// `-m pkg:main`, and by the Python API from a cloudpickled function.
+struct Entry {
+  enum class Kind {
+    script,    // `python train.py args`: the file is __main__, sys.path[0] is its directory
+    module,    // `python -m pkg.mod args`: run as __main__, sys.path[0] is the working dir
+    function,  // `train.py:main` or `-m pkg.mod:main`: import, then call main() with no args;
+               //   its return value comes back as the rank's result
+    pickled,   // a cloudpickled (fn, args, kwargs) in `payload`: the Python API's fan-out
+  };
+  Kind kind = Kind::script;
+  std::string target;              // script path, or dotted module name (empty for pickled)
+  std::string function;            // function name, for Kind::function
+  std::vector<std::string> args;   // sys.argv[1:] of every rank
+  std::string payload;             // Kind::pickled: bytes written once to the run dir, read by each rank
+};
+
+// How rank output reaches the caller. The per-rank log files are always written in full,
+// whatever these say.
+struct OutputOptions {
+  bool prefix = true;          // prepend "[rank N] " to each forwarded line
+  std::set<int> ranks;         // forward only these ranks' lines; empty = all ranks
+  bool forward = true;         // false: write only the log files (and call on_output)
+  std::size_t max_line = 16u << 20;  // a line longer than this is forwarded in pieces
+};
+
+// Everything a launch needs, fully resolved: no file is read and no default is guessed
+// after this point. The CLI and the Python API both produce one.
+struct LaunchSpec {
+  Entry entry;
+  int nprocs = 1;                         // ranks on this node (LOCAL_WORLD_SIZE)
+  int node_rank = 0;                      // GROUP_RANK of this node
+  int nnodes = 1;                         // nodes in the job; WORLD_SIZE = nnodes * nprocs
+  std::vector<int> devices;               // the run's GPUs (CUDA_VISIBLE_DEVICES, in order); LOCAL_RANK indexes them; empty = CPU ranks
+  std::string python;                     // interpreter whose environment ranks use; empty = default
+  std::map<std::string, std::string> env; // extra variables for every rank, applied last
+  bool inherit_env = true;                // start from the caller's environment
+  std::chrono::seconds timeout{3 * 3600}; // whole-run limit; 0 = none
+  std::chrono::milliseconds grace{10000}; // SIGTERM → SIGKILL delay on teardown
+  std::string run_id;                     // empty = generated
+  std::string run_dir;                    // empty = <runs root>/<run_id>
+  std::string master_addr = "127.0.0.1";  // MASTER_ADDR given to every rank
+  int master_port = 0;                    // 0 = a free port, reserved for the run's lifetime
+  std::string rank_binary;                // the rank executable; empty = found next to airhost
+  std::string working_dir;                // ranks' cwd; empty = the caller's
+  OutputOptions output;
+  bool handle_signals = false;            // tear down on SIGINT/SIGTERM/SIGHUP to this process and
+                                          // forward them to the ranks (the CLI does; an embedding
+                                          // program usually calls Launcher::cancel() instead)
+};
+
+// Where a run directory goes when LaunchSpec::run_dir is empty:
+// $AIRHOST_RUNS_DIR, else $XDG_STATE_HOME/airhost/runs, else ~/.local/state/airhost/runs.
+std::string default_runs_root();
+
+}  // namespace airhost

@@ -1,0 +1,146 @@
+# The Python half of an airhost rank, compiled into airhost-rank as a string and run in
+# the rank's interpreter before user code. It never puts anything on sys.path, so a
+# rank's import system is exactly what `python train.py` would see.
+import os
+import sys
+import time
+
+import _airhost_rank
+
+FRAME_RESULT = 2
+FRAME_ERROR = 3
+
+
+def _qualified_name(exc_type):
+    module = getattr(exc_type, "__module__", "builtins")
+    name = getattr(exc_type, "__qualname__", exc_type.__name__)
+    return name if module in ("builtins", "__main__") else f"{module}.{name}"
+
+
+def _dumps(obj):
+    # cloudpickle when the user's environment has it (values of classes defined in
+    # __main__ or a notebook travel by value); plain pickle otherwise.
+    try:
+        import cloudpickle
+    except ImportError:
+        import pickle
+
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return cloudpickle.dumps(obj)
+
+
+def report_exception(exc_type, exc, tb):
+    """Send the error frame for an exception the rank is about to die of."""
+    import traceback
+
+    try:
+        formatted = "".join(traceback.format_exception(exc_type, exc, tb))
+    except Exception:  # a broken __str__ must not hide the failure itself
+        formatted = f"{_qualified_name(exc_type)}: <unprintable exception>\n"
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<unprintable exception>"
+    try:
+        pickled = _dumps(exc)
+    except Exception:
+        pickled = b""
+    try:
+        _airhost_rank.send_error(
+            _qualified_name(exc_type), message, formatted, pickled, repr(time.time())
+        )
+    except Exception:
+        pass  # the host is gone or the channel broke; stderr still has the traceback
+
+
+_original_excepthook = sys.excepthook
+
+
+def _excepthook(exc_type, exc, tb):
+    report_exception(exc_type, exc, tb)
+    _original_excepthook(exc_type, exc, tb)
+
+
+def install():
+    sys.excepthook = _excepthook
+
+
+def _send_result(value):
+    try:
+        payload = _dumps(value)
+    except Exception as e:
+        rank = os.environ.get("RANK", "?")
+        raise TypeError(
+            f"the return value of rank {rank} ({type(value).__name__}) cannot be pickled: {e}; "
+            "return plain data (numbers, lists, dicts, tensors) instead"
+        ) from e
+    _airhost_rank.send_result(payload)
+
+
+def _load_script_function(path, function):
+    import importlib.util
+
+    directory = os.path.dirname(os.path.realpath(path))
+    sys.path.insert(0, directory)  # as `python train.py` would
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # so pickling a class defined there works by reference
+    spec.loader.exec_module(module)
+    return _attribute(module, function, path)
+
+
+def _load_module_function(module_name, function):
+    import importlib
+
+    sys.path.insert(0, os.getcwd())  # as `python -m` would
+    module = importlib.import_module(module_name)
+    return _attribute(module, function, module_name)
+
+
+def _attribute(module, function, where):
+    try:
+        fn = getattr(module, function)
+    except AttributeError:
+        raise AttributeError(f"{where} has no function {function!r}") from None
+    if not callable(fn):
+        raise TypeError(f"{where}:{function} is not callable")
+    return fn
+
+
+def _load_pickled(path):
+    import pickle
+
+    with open(path, "rb") as f:
+        meta = pickle.load(f)  # plain data: sys.path must be in place before the function loads
+        sys.path[:] = meta["sys_path"]
+        fn, args, kwargs = pickle.load(f)
+    return lambda: fn(*args, **kwargs)
+
+
+def run_function(kind, target, function):
+    """Entry point for `train.py:main`, `-m mod:main` and the Python API. Returns the exit code."""
+    try:
+        if kind == "function-script":
+            fn = _load_script_function(target, function)
+        elif kind == "function-module":
+            fn = _load_module_function(target, function)
+        else:
+            fn = _load_pickled(target)
+        _send_result(fn())
+        return 0
+    except SystemExit as e:
+        code = e.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        print(code, file=sys.stderr)
+        return 1
+    except BaseException:
+        exc_type, exc, tb = sys.exc_info()
+        # Drop this frame from what the user sees: the traceback starts in their code.
+        tb = tb.tb_next or tb
+        exc.__traceback__ = tb
+        sys.excepthook(exc_type, exc, tb)
+        return 1

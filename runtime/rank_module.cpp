@@ -1,0 +1,73 @@
+// rank_module.cpp — `_airhost_rank`, the embedded module a rank's Python talks to the host with.
+#include <pybind11/embed.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string_view>
+#include <system_error>
+#include <unistd.h>
+
+#include "frames.hpp"
+#include "rank_module.hpp"
+
+namespace py = pybind11;
+using airhost::detail::FrameKind;
+
+namespace airhost::rank {
+
+int control_fd = -1;
+
+namespace {
+
+void write_all(std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = ::write(control_fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::system_error(errno, std::generic_category(), "airhost control channel");
+    }
+    data.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+// Header and payload are written separately, so a 1 GB result is never copied again.
+void send(FrameKind kind, std::string_view payload) {
+  if (control_fd < 0) throw std::runtime_error("this process is not an airhost rank (no control channel)");
+  const std::string header = detail::encode_frame_header(static_cast<std::uint16_t>(kind), payload.size());
+  py::gil_scoped_release release;  // other threads run while a big payload drains
+  write_all(header);
+  write_all(payload);
+}
+
+std::string_view view(const py::bytes& b) {
+  char* data = nullptr;
+  Py_ssize_t size = 0;
+  if (PyBytes_AsStringAndSize(b.ptr(), &data, &size) < 0) throw py::error_already_set();
+  return {data, static_cast<std::size_t>(size)};
+}
+
+}  // namespace
+}  // namespace airhost::rank
+
+PYBIND11_EMBEDDED_MODULE(_airhost_rank, m) {
+  using namespace airhost::rank;
+  m.doc() = "Private channel from an airhost rank to its host.";
+  m.def("send_result", [](const py::bytes& payload) { send(FrameKind::result, view(payload)); },
+        "Send the pickled return value of this rank.");
+  m.def("send_error",
+        [](std::string type, std::string message, std::string traceback, const py::bytes& pickled,
+           std::string time) {
+          airhost::detail::Fields f{{"type", std::move(type)},
+                                    {"message", std::move(message)},
+                                    {"traceback", std::move(traceback)},
+                                    {"pickled", std::string(view(pickled))},
+                                    {"time", std::move(time)}};
+          send(FrameKind::error, airhost::detail::encode_fields(f));
+        },
+        "Send the exception this rank is dying of.");
+  m.def("send_frame", [](int kind, const py::bytes& payload) {
+          send(static_cast<FrameKind>(kind), view(payload));
+        },
+        "Send a raw frame of any kind (for extensions of the protocol).");
+  m.def("connected", []() { return control_fd >= 0; });
+}
