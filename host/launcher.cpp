@@ -54,8 +54,7 @@ std::string entry_kind(const Entry& e) {
     case Entry::Kind::script: return "script";
     case Entry::Kind::module: return "module";
     case Entry::Kind::function:
-      return e.target.ends_with(".py") || e.target.find('/') != std::string::npos ? "function-script"
-                                                                                 : "function-module";
+      return e.module_target ? "function-module" : "function-script";
     case Entry::Kind::pickled: return "pickled";
   }
   return "script";

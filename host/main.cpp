@@ -28,6 +28,7 @@ LaunchSpec make_spec(const HostOptions& opts) {
   const Settings& s = opts.settings;
   LaunchSpec spec;
   spec.entry = opts.entry;
+  spec.entry.module_target = opts.module_target;
   const auto inventory = detect_accelerators();
   spec.nprocs = s.accelerators.value_or(0) > 0 ? *s.accelerators : default_rank_count(inventory);
   spec.devices = assign_devices(inventory, spec.nprocs);

@@ -23,6 +23,7 @@ struct Entry {
   Kind kind = Kind::script;
   std::string target;              // script path, or dotted module name (empty for pickled)
   std::string function;            // function name, for Kind::function
+  bool module_target = false;      // Kind::function: target is a dotted module name, not a path
   std::vector<std::string> args;   // sys.argv[1:] of every rank
   std::string payload;             // Kind::pickled: bytes written once to the run dir, read by each rank
 };

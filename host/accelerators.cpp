@@ -1,0 +1,449 @@
+// accelerators.cpp — GPU inventory through NVML loaded with dlopen, and the accelerator
+// type table.
+//
+// NVML is opened at run time, never linked: the same airhost binary must start on CPU-only
+// nodes, where libnvidia-ml.so.1 does not exist. The few NVML declarations needed are
+// written out below; NVML's C ABI has been stable for these calls for a decade, so no
+// header is needed at build time.
+#include "accelerators.hpp"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include <toml++/toml.h>
+
+#include "config.hpp"
+
+namespace airhost::detail {
+
+namespace {
+
+// --- The NVML subset, as in nvml.h -------------------------------------------------------
+
+using nvmlReturn_t = int;
+using nvmlDevice_t = struct nvmlDevice_st*;
+struct nvmlMemory_t {
+  unsigned long long total;
+  unsigned long long free;
+  unsigned long long used;
+};
+constexpr nvmlReturn_t NVML_SUCCESS = 0;
+constexpr unsigned NVML_DEVICE_NAME_V2_BUFFER_SIZE = 96;
+constexpr unsigned NVML_DEVICE_UUID_V2_BUFFER_SIZE = 96;
+constexpr unsigned NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80;
+
+constexpr const char* kDefaultNvml = "libnvidia-ml.so.1";
+
+struct Nvml {
+  void* lib = nullptr;
+  nvmlReturn_t (*init)() = nullptr;
+  nvmlReturn_t (*shutdown)() = nullptr;
+  nvmlReturn_t (*get_count)(unsigned*) = nullptr;
+  nvmlReturn_t (*get_handle)(unsigned, nvmlDevice_t*) = nullptr;
+  nvmlReturn_t (*get_name)(nvmlDevice_t, char*, unsigned) = nullptr;
+  nvmlReturn_t (*get_uuid)(nvmlDevice_t, char*, unsigned) = nullptr;
+  nvmlReturn_t (*get_memory)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
+  nvmlReturn_t (*driver_version)(char*, unsigned) = nullptr;
+  const char* (*error_string)(nvmlReturn_t) = nullptr;
+  bool initialized = false;
+
+  Nvml() = default;
+  Nvml(const Nvml&) = delete;
+  Nvml& operator=(const Nvml&) = delete;
+  // Unloading matters: tests open different libraries in one process, and a long-lived
+  // Python process should not keep the driver's library mapped for one query.
+  ~Nvml() {
+    if (initialized && shutdown) shutdown();
+    if (lib) dlclose(lib);
+  }
+
+  std::string describe(nvmlReturn_t rc) const {
+    const char* text = error_string ? error_string(rc) : nullptr;
+    std::string out = text && *text ? text : "unknown error";
+    return out + " (NVML error " + std::to_string(rc) + ")";
+  }
+};
+
+template <typename Fn>
+bool resolve(void* lib, const char* symbol, Fn& fn) {
+  fn = reinterpret_cast<Fn>(dlsym(lib, symbol));
+  return fn != nullptr;
+}
+
+std::string trim(std::string_view s) {
+  auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return std::string(s);
+}
+
+std::vector<std::string> split(std::string_view s, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    size_t end = s.find(sep, start);
+    out.emplace_back(s.substr(start, end == std::string_view::npos ? s.npos : end - start));
+    if (end == std::string_view::npos) return out;
+    start = end + 1;
+  }
+}
+
+// Like strtoul as CUDA applies it to an entry: an optional sign then digits, anything after
+// the digits ignored ("1gpu" is 1). -1 when there are no digits, or for a negative number.
+long long cuda_ordinal(const std::string& entry) {
+  size_t i = 0;
+  bool negative = false;
+  if (i < entry.size() && (entry[i] == '+' || entry[i] == '-')) negative = entry[i++] == '-';
+  size_t digits_start = i;
+  long long value = 0;
+  while (i < entry.size() && std::isdigit(static_cast<unsigned char>(entry[i]))) {
+    if (value < 1'000'000) value = value * 10 + (entry[i] - '0');  // big is invalid anyway
+    ++i;
+  }
+  if (i == digits_start) return -1;
+  return negative && value != 0 ? -1 : value;
+}
+
+// Which of `all` CUDA would show under CUDA_VISIBLE_DEVICES=`spec`, in that order. The
+// rules are the ones PyTorch documents its NVML-based device count with (it mirrors the
+// CUDA driver, and the ranks run PyTorch): the first entry decides between a list of
+// ordinals and a list of "GPU-" UUIDs; the first invalid entry ends the list (an ordinal
+// out of range, a UUID prefix matching no GPU or several, an entry of the other kind);
+// naming a GPU twice hides every GPU. MIG instances are not physical GPUs that airhost can
+// hand to ranks; a "MIG-" list is reported through `note` and hides every GPU.
+std::vector<GpuInfo> apply_cuda_visible_devices(const std::vector<GpuInfo>& all,
+                                                const std::string& spec, std::string& note) {
+  std::vector<GpuInfo> visible;
+  std::set<int> seen;
+  std::vector<std::string> entries = split(spec, ',');
+  for (auto& e : entries) e = trim(e);
+  const bool by_uuid = entries.front().rfind("GPU-", 0) == 0;
+  if (entries.front().rfind("MIG-", 0) == 0) {
+    note = "CUDA_VISIBLE_DEVICES names MIG instances (" + spec +
+           "), which airhost cannot hand to ranks; no GPU is used";
+    return {};
+  }
+  for (const auto& entry : entries) {
+    int found = -1;
+    if (by_uuid) {
+      if (entry.rfind("GPU-", 0) != 0) break;
+      int matches = 0;
+      for (size_t i = 0; i < all.size(); ++i) {
+        if (all[i].uuid.rfind(entry, 0) == 0) {
+          ++matches;
+          found = static_cast<int>(i);
+        }
+      }
+      if (matches != 1) break;
+    } else {
+      long long ordinal = cuda_ordinal(entry);
+      if (ordinal < 0 || ordinal >= static_cast<long long>(all.size())) break;
+      found = static_cast<int>(ordinal);
+    }
+    if (!seen.insert(found).second) return {};
+    visible.push_back(all[found]);
+  }
+  return visible;
+}
+
+AcceleratorInventory detect(const char* library, bool library_from_env) {
+  AcceleratorInventory inv;
+  Nvml nvml;
+  nvml.lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+  if (!nvml.lib) {
+    const char* why = dlerror();
+    std::string reason = why ? why : "unknown dlopen error";
+    if (library_from_env) {
+      inv.nvml_error = "AIRHOST_NVML_LIBRARY=" + std::string(library) +
+                       " could not be loaded: " + reason;
+    } else if (reason.find("No such file") != std::string::npos ||
+               reason.find("cannot open shared object") != std::string::npos) {
+      inv.nvml_error = std::string(library) + " not found: no NVIDIA driver on this node";
+    } else {
+      inv.nvml_error = std::string(library) + " could not be loaded: " + reason;
+    }
+    return inv;
+  }
+
+  // nvmlErrorString first, so the later messages can use it.
+  resolve(nvml.lib, "nvmlErrorString", nvml.error_string);
+  struct Needed {
+    const char* symbol;
+    bool ok;
+  };
+  const Needed needed[] = {
+      {"nvmlInit_v2", resolve(nvml.lib, "nvmlInit_v2", nvml.init)},
+      {"nvmlShutdown", resolve(nvml.lib, "nvmlShutdown", nvml.shutdown)},
+      {"nvmlDeviceGetCount_v2", resolve(nvml.lib, "nvmlDeviceGetCount_v2", nvml.get_count)},
+      {"nvmlDeviceGetHandleByIndex_v2",
+       resolve(nvml.lib, "nvmlDeviceGetHandleByIndex_v2", nvml.get_handle)},
+      {"nvmlDeviceGetName", resolve(nvml.lib, "nvmlDeviceGetName", nvml.get_name)},
+      {"nvmlDeviceGetUUID", resolve(nvml.lib, "nvmlDeviceGetUUID", nvml.get_uuid)},
+      {"nvmlDeviceGetMemoryInfo", resolve(nvml.lib, "nvmlDeviceGetMemoryInfo", nvml.get_memory)},
+      {"nvmlSystemGetDriverVersion",
+       resolve(nvml.lib, "nvmlSystemGetDriverVersion", nvml.driver_version)},
+  };
+  for (const auto& n : needed) {
+    if (!n.ok) {
+      inv.nvml_error = std::string(library) + " lacks " + n.symbol +
+                       ": the NVIDIA driver is too old or the library is not NVML";
+      return inv;
+    }
+  }
+
+  nvmlReturn_t rc = nvml.init();
+  if (rc != NVML_SUCCESS) {
+    inv.nvml_error = "NVML did not start: " + nvml.describe(rc) +
+                     "; the NVIDIA driver may not be loaded on this node";
+    return inv;
+  }
+  nvml.initialized = true;
+
+  unsigned count = 0;
+  rc = nvml.get_count(&count);
+  if (rc != NVML_SUCCESS) {
+    inv.nvml_error = "NVML could not count the GPUs: " + nvml.describe(rc);
+    return inv;
+  }
+
+  char buffer[std::max({NVML_DEVICE_NAME_V2_BUFFER_SIZE, NVML_DEVICE_UUID_V2_BUFFER_SIZE,
+                        NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE})] = {};
+  if (nvml.driver_version(buffer, sizeof buffer) == NVML_SUCCESS) {
+    inv.driver_version = std::string(buffer, strnlen(buffer, sizeof buffer));
+  }
+
+  // A GPU NVML cannot describe (fallen off the bus, say) keeps its place: indices and UUID
+  // prefixes in CUDA_VISIBLE_DEVICES refer to NVML's full list.
+  std::vector<GpuInfo> all;
+  for (unsigned i = 0; i < count; ++i) {
+    GpuInfo gpu;
+    gpu.index = static_cast<int>(i);
+    nvmlDevice_t handle = nullptr;
+    rc = nvml.get_handle(i, &handle);
+    if (rc != NVML_SUCCESS) {
+      gpu.name = "unknown GPU (" + nvml.describe(rc) + ")";
+      all.push_back(std::move(gpu));
+      continue;
+    }
+    std::memset(buffer, 0, sizeof buffer);
+    rc = nvml.get_name(handle, buffer, NVML_DEVICE_NAME_V2_BUFFER_SIZE);
+    gpu.name = rc == NVML_SUCCESS ? std::string(buffer, strnlen(buffer, sizeof buffer))
+                                  : "unknown GPU (" + nvml.describe(rc) + ")";
+    std::memset(buffer, 0, sizeof buffer);
+    if (nvml.get_uuid(handle, buffer, NVML_DEVICE_UUID_V2_BUFFER_SIZE) == NVML_SUCCESS) {
+      gpu.uuid = std::string(buffer, strnlen(buffer, sizeof buffer));
+    }
+    nvmlMemory_t memory{};
+    if (nvml.get_memory(handle, &memory) == NVML_SUCCESS) gpu.memory_total = memory.total;
+    all.push_back(std::move(gpu));
+  }
+
+  inv.nvml_loaded = true;
+  inv.node_gpu_count = static_cast<int>(all.size());
+  const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+  inv.gpus = cvd ? apply_cuda_visible_devices(all, cvd, inv.nvml_error) : std::move(all);
+  return inv;
+}
+
+// "2 x NVIDIA H100 80GB HBM3, 1 x NVIDIA A10": a node's GPUs in a sentence.
+std::string describe_gpus(const std::vector<GpuInfo>& gpus) {
+  std::vector<std::pair<std::string, int>> groups;
+  for (const auto& g : gpus) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& group) { return group.first == g.name; });
+    if (it == groups.end()) {
+      groups.emplace_back(g.name, 1);
+    } else {
+      ++it->second;
+    }
+  }
+  std::string out;
+  for (const auto& [name, n] : groups) {
+    if (!out.empty()) out += ", ";
+    out += std::to_string(n) + " x " + name;
+  }
+  return out;
+}
+
+// --- accelerators.toml --------------------------------------------------------------------
+
+std::string where(const std::string& path, const toml::source_region& region) {
+  return path + ":" + std::to_string(region.begin.line) + ":" +
+         std::to_string(region.begin.column) + ": ";
+}
+
+// Upper-cased tokens of an NVML name or a `match` entry: split at spaces and '-', the two
+// separators NVML names use ("NVIDIA A100-SXM4-80GB").
+std::vector<std::string> name_tokens(std::string_view text) {
+  std::vector<std::string> tokens;
+  std::string current;
+  for (char c : text) {
+    if (c == '-' || std::isspace(static_cast<unsigned char>(c))) {
+      if (!current.empty()) tokens.push_back(std::move(current));
+      current.clear();
+    } else {
+      current += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    }
+  }
+  if (!current.empty()) tokens.push_back(std::move(current));
+  return tokens;
+}
+
+bool tokens_match(const std::vector<std::string>& name, const std::vector<std::string>& pattern) {
+  if (pattern.empty() || pattern.size() > name.size()) return false;
+  return std::search(name.begin(), name.end(), pattern.begin(), pattern.end()) != name.end();
+}
+
+}  // namespace
+
+AcceleratorInventory detect_accelerators() {
+  try {
+    const char* from_env = std::getenv("AIRHOST_NVML_LIBRARY");
+    const bool use_env = from_env && *from_env;
+    return detect(use_env ? from_env : kDefaultNvml, use_env);
+  } catch (const std::exception& e) {
+    AcceleratorInventory inv;
+    inv.nvml_error = std::string("GPU detection failed: ") + e.what();
+    return inv;
+  }
+}
+
+int default_rank_count(const AcceleratorInventory& inv) {
+  return inv.gpus.empty() ? 1 : static_cast<int>(inv.gpus.size());
+}
+
+std::vector<int> assign_devices(const AcceleratorInventory& inv, int requested) {
+  if (requested < 1) {
+    throw ConfigError("asked for " + std::to_string(requested) +
+                      " accelerators; ask for at least 1, or leave it unset to use every "
+                      "visible GPU");
+  }
+  if (inv.gpus.empty()) return {};
+  const int visible = static_cast<int>(inv.gpus.size());
+  if (requested > visible) {
+    std::string msg = "asked for " + std::to_string(requested) +
+                      " accelerators but this node has " + std::to_string(visible) +
+                      " visible GPU" + (visible == 1 ? "" : "s") + " (" +
+                      describe_gpus(inv.gpus) + "); ask for at most " + std::to_string(visible);
+    if (inv.node_gpu_count > visible) {
+      msg += ", or unset CUDA_VISIBLE_DEVICES, which hides " +
+             std::to_string(inv.node_gpu_count - visible) + " of the node's " +
+             std::to_string(inv.node_gpu_count) + " GPUs";
+    }
+    throw ConfigError(msg);
+  }
+  std::vector<int> indices;
+  for (int i = 0; i < requested; ++i) indices.push_back(inv.gpus[i].index);
+  return indices;
+}
+
+std::vector<AcceleratorType> load_accelerator_types(const std::string& toml_path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(toml_path, ec)) {
+    throw ConfigError("accelerator type table " + toml_path +
+                      " does not exist or is not a file; reinstall airhost");
+  }
+  toml::table root;
+  try {
+    root = toml::parse_file(toml_path);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(where(toml_path, e.source()) + std::string(e.description()));
+  }
+
+  for (auto&& [key, node] : root) {
+    if (key.str() != "type") {
+      throw ConfigError(where(toml_path, key.source()) + "unknown key '" +
+                        std::string(key.str()) + "'; the file holds only [[type]] tables");
+    }
+  }
+  const toml::array* rows = root["type"].as_array();
+  if (!rows || !rows->is_array_of_tables() || rows->empty()) {
+    throw ConfigError(toml_path + ":1:1: no [[type]] tables; see the format at the top of "
+                      "configs/accelerators.toml");
+  }
+
+  std::vector<AcceleratorType> types;
+  std::set<std::string> names;
+  std::map<std::string, std::vector<std::string>> match_of_gpu;
+  for (const toml::node& row_node : *rows) {
+    const toml::table& row = *row_node.as_table();
+    const std::string at = where(toml_path, row.source());
+    for (auto&& [key, value] : row) {
+      static const std::set<std::string_view> known = {"name", "gpu", "count", "match"};
+      if (!known.count(key.str())) {
+        throw ConfigError(where(toml_path, key.source()) + "unknown key '" +
+                          std::string(key.str()) + "'; a [[type]] has name, gpu, count, match");
+      }
+    }
+    auto text = [&](const char* key) {
+      const toml::node* n = row.get(key);
+      if (!n || !n->is_string() || n->as_string()->get().empty()) {
+        throw ConfigError((n ? where(toml_path, n->source()) : at) + "key '" + key +
+                          "' must be a non-empty string");
+      }
+      return n->as_string()->get();
+    };
+    AcceleratorType t;
+    t.name = text("name");
+    t.gpu = text("gpu");
+    const toml::node* count = row.get("count");
+    if (!count || !count->is_integer() || count->as_integer()->get() < 1 ||
+        count->as_integer()->get() > 1024) {
+      throw ConfigError((count ? where(toml_path, count->source()) : at) + "type '" + t.name +
+                        "': key 'count' must be an integer from 1 to 1024");
+    }
+    t.count = static_cast<int>(count->as_integer()->get());
+    const toml::node* match = row.get("match");
+    const toml::array* match_array = match ? match->as_array() : nullptr;
+    if (!match_array || match_array->empty()) {
+      throw ConfigError((match ? where(toml_path, match->source()) : at) + "type '" + t.name +
+                        "': key 'match' must be a non-empty array of strings");
+    }
+    for (const toml::node& m : *match_array) {
+      if (!m.is_string() || name_tokens(m.as_string()->get()).empty()) {
+        throw ConfigError(where(toml_path, m.source()) + "type '" + t.name +
+                          "': every 'match' entry must be a string with a name token in it");
+      }
+      t.match.push_back(m.as_string()->get());
+    }
+    // The name is what users type; a count or model that disagrees with it would launch
+    // the wrong number of ranks without a word.
+    const std::string expected = "GPU_" + std::to_string(t.count) + "x" + t.gpu;
+    if (t.name != expected) {
+      throw ConfigError(at + "type '" + t.name + "' has gpu = \"" + t.gpu + "\" and count = " +
+                        std::to_string(t.count) + ", so its name must be '" + expected + "'");
+    }
+    if (!names.insert(t.name).second) {
+      throw ConfigError(at + "type '" + t.name + "' is defined twice");
+    }
+    auto [it, inserted] = match_of_gpu.emplace(t.gpu, t.match);
+    if (!inserted && it->second != t.match) {
+      throw ConfigError(at + "type '" + t.name + "': its 'match' differs from that of an "
+                        "earlier type with gpu = \"" + t.gpu + "\"; the same model must match "
+                        "the same names");
+    }
+    types.push_back(std::move(t));
+  }
+  return types;
+}
+
+std::optional<std::string> gpu_model_of(const std::vector<AcceleratorType>& types,
+                                        const std::string& nvml_name) {
+  const std::vector<std::string> name = name_tokens(nvml_name);
+  for (const auto& t : types) {
+    for (const auto& m : t.match) {
+      if (tokens_match(name, name_tokens(m))) return t.gpu;
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace airhost::detail

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs everything airhost needs on a fresh Debian/Ubuntu machine, builds it, and installs
+# it into ./.venv (the `airhost` command lands in .venv/bin). Safe to run again: it only
+# rebuilds what changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_pkgs=()
+for pkg in g++ cmake pkg-config libuv1-dev libtomlplusplus-dev doctest-dev pybind11-dev python3-venv; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
+done
+# cmake and python3-venv may come from elsewhere (pip, pyenv): only ask apt when missing.
+command -v cmake >/dev/null && need_pkgs=("${need_pkgs[@]/cmake}")
+python3 -c "import venv, ensurepip" 2>/dev/null && need_pkgs=("${need_pkgs[@]/python3-venv}")
+need_pkgs=($(printf '%s\n' "${need_pkgs[@]}" | grep -v '^$' || true))
+if ((${#need_pkgs[@]})); then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}"
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+# torch 2.13.0 CPU first, pinned: an unpinned "torch" would pull a multi-GB CUDA build.
+"${PIP[@]}" "torch==2.13.0" numpy cloudpickle "scikit-build-core>=0.10" "pybind11>=2.10" ninja
+if [ "${AIRHOST_SETUP_TEST_DEPS:-0}" = 1 ]; then
+  "${PIP[@]}" pytest pytest-timeout mlflow nbclient nbformat ipykernel
+fi
+# No build isolation: the build directory (build/<wheel tag>) is then reused between runs.
+"${PIP[@]}" --no-build-isolation .
+echo "airhost installed: $(.venv/bin/airhost --version) ($(pwd)/.venv/bin/airhost)"
