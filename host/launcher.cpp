@@ -72,6 +72,10 @@ void validate(const LaunchSpec& spec, const std::string& rank_binary) {
     fail("master_port must be in 0..65535, got " + std::to_string(spec.master_port));
   if (spec.entry.target.empty() && spec.entry.kind != Entry::Kind::pickled)
     fail("nothing to run: give a script, `script.py:function` or `-m module`");
+  if (spec.entry.kind == Entry::Kind::pickled && !spec.entry.target.empty() && !spec.entry.payload.empty())
+    fail("a pickled entry takes its payload either inline or from a file (target), not both");
+  if (spec.entry.kind == Entry::Kind::pickled && !spec.entry.target.empty() && !is_file(spec.entry.target))
+    fail("payload file '" + spec.entry.target + "' not found");
   const bool is_path = spec.entry.kind == Entry::Kind::script ||
                        (spec.entry.kind == Entry::Kind::function && entry_kind(spec.entry) == "function-script");
   if (is_path) {
@@ -136,7 +140,7 @@ RunReport Launcher::run() {
   }
 
   std::string target = spec.entry.target;
-  if (spec.entry.kind == Entry::Kind::pickled) {
+  if (spec.entry.kind == Entry::Kind::pickled && target.empty()) {
     target = spec.run_dir + "/payload.pkl";
     detail::write_file_atomic(target, spec.entry.payload);
     spec.entry.payload.clear();  // written once, read by every rank; no need to hold it twice

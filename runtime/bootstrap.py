@@ -108,6 +108,13 @@ def _attribute(module, function, where):
     return fn
 
 
+def _with_filename(code, filename):
+    # cloudpickle drops co_filename of functions it sends by value; put the caller's back so
+    # remote tracebacks name the user's file.
+    consts = tuple(_with_filename(c, filename) if hasattr(c, "co_filename") else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
 def _load_pickled(path):
     import pickle
 
@@ -115,19 +122,27 @@ def _load_pickled(path):
         meta = pickle.load(f)  # plain data: sys.path must be in place before the function loads
         sys.path[:] = meta["sys_path"]
         fn, args, kwargs = pickle.load(f)
-    return lambda: fn(*args, **kwargs)
+    filename = meta.get("filename")
+    code = getattr(fn, "__code__", None)
+    if filename and code is not None and code.co_filename == "<dynamic-code>":
+        try:
+            fn.__code__ = _with_filename(code, filename)
+        except Exception:
+            pass
+    return fn, args, kwargs
 
 
 def run_function(kind, target, function):
     """Entry point for `train.py:main`, `-m mod:main` and the Python API. Returns the exit code."""
     try:
+        args, kwargs = (), {}
         if kind == "function-script":
             fn = _load_script_function(target, function)
         elif kind == "function-module":
             fn = _load_module_function(target, function)
         else:
-            fn = _load_pickled(target)
-        _send_result(fn())
+            fn, args, kwargs = _load_pickled(target)
+        _send_result(fn(*args, **kwargs))
         return 0
     except SystemExit as e:
         code = e.code

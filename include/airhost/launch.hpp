@@ -21,7 +21,8 @@ struct Entry {
     pickled,   // a cloudpickled (fn, args, kwargs) in `payload`: the Python API's fan-out
   };
   Kind kind = Kind::script;
-  std::string target;              // script path, or dotted module name (empty for pickled)
+  std::string target;              // script path, dotted module name, or for pickled: a payload
+                                   //   file already written (then `payload` stays empty)
   std::string function;            // function name, for Kind::function
   bool module_target = false;      // Kind::function: target is a dotted module name, not a path
   std::vector<std::string> args;   // sys.argv[1:] of every rank

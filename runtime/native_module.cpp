@@ -1,0 +1,242 @@
+// native_module.cpp — `airhost._native`: the Python API's door to libairhost.
+//
+// A launch runs on a thread of its own (the Launcher blocks until every rank is reaped);
+// rank output is queued and handed to the caller's thread by poll(), so that a notebook
+// prints it in the cell that started the run, and Ctrl-C reaches the caller's thread.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <signal.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "accelerators.hpp"
+#include "airhost/airhost.hpp"
+#include "config.hpp"
+#include "run_dir.hpp"
+
+namespace py = pybind11;
+using namespace airhost;
+
+namespace {
+
+template <typename T>
+T get(const py::dict& d, const char* key, T fallback) {
+  if (!d.contains(key) || d[key].is_none()) return fallback;
+  return d[key].cast<T>();
+}
+
+LaunchSpec spec_from_dict(const py::dict& d) {
+  LaunchSpec spec;
+  const auto kind = get<std::string>(d, "kind", "pickled");
+  if (kind == "script") spec.entry.kind = Entry::Kind::script;
+  else if (kind == "module") spec.entry.kind = Entry::Kind::module;
+  else if (kind == "function") spec.entry.kind = Entry::Kind::function;
+  else if (kind == "pickled") spec.entry.kind = Entry::Kind::pickled;
+  else throw py::value_error("unknown entry kind '" + kind + "'");
+  spec.entry.target = get<std::string>(d, "target", "");
+  spec.entry.function = get<std::string>(d, "function", "");
+  spec.entry.module_target = get<bool>(d, "module_target", false);
+  spec.entry.args = get<std::vector<std::string>>(d, "args", {});
+  spec.nprocs = get<int>(d, "nprocs", 1);
+  spec.devices = get<std::vector<int>>(d, "devices", {});
+  spec.python = get<std::string>(d, "python", "");
+  spec.env = get<std::map<std::string, std::string>>(d, "env", {});
+  spec.inherit_env = get<bool>(d, "inherit_env", true);
+  spec.timeout = std::chrono::seconds(get<long long>(d, "timeout", 0));
+  spec.grace = std::chrono::milliseconds(static_cast<long long>(get<double>(d, "grace", 10.0) * 1000));
+  spec.run_id = get<std::string>(d, "run_id", "");
+  spec.run_dir = get<std::string>(d, "run_dir", "");
+  spec.master_addr = get<std::string>(d, "master_addr", "127.0.0.1");
+  spec.master_port = get<int>(d, "master_port", 0);
+  spec.working_dir = get<std::string>(d, "working_dir", "");
+  spec.rank_binary = get<std::string>(d, "rank_binary", "");
+  spec.output.forward = get<bool>(d, "forward", false);
+  spec.output.prefix = get<bool>(d, "prefix", true);
+  spec.handle_signals = false;  // the caller's signals stay the caller's: Ctrl-C → cancel()
+  return spec;
+}
+
+py::dict report_to_dict(const RunReport& r) {
+  py::dict d;
+  d["outcome"] = to_string(r.outcome);
+  d["exit_code"] = r.exit_code;
+  d["root_cause"] = r.root_cause;
+  d["interrupt_signal"] = r.interrupt_signal;
+  d["run_id"] = r.run_id;
+  d["run_dir"] = r.run_dir;
+  d["message"] = r.message;
+  d["wall_seconds"] = r.wall_seconds;
+  py::list ranks;
+  for (const auto& k : r.ranks) {
+    py::dict rd;
+    rd["rank"] = k.rank;
+    rd["local_rank"] = k.local_rank;
+    rd["pid"] = k.pid;
+    rd["state"] = to_string(k.state);
+    rd["exit_code"] = k.exit_code;
+    rd["signal"] = k.term_signal;
+    rd["result"] = k.result ? py::object(py::bytes(*k.result)) : py::object(py::none());
+    if (k.error) {
+      py::dict e;
+      e["type"] = k.error->type;
+      e["message"] = k.error->message;
+      e["traceback"] = k.error->traceback;
+      e["pickled"] = py::bytes(k.error->pickled);
+      e["time"] = k.error->time;
+      rd["error"] = e;
+    } else {
+      rd["error"] = py::none();
+    }
+    rd["stdout_log"] = k.stdout_log;
+    rd["stderr_log"] = k.stderr_log;
+    ranks.append(rd);
+  }
+  d["ranks"] = ranks;
+  return d;
+}
+
+struct Line {
+  int rank;
+  int stream;
+  std::string text;
+};
+
+// One launch on its own thread. The thread that spawns the ranks must live until they
+// are reaped: PR_SET_PDEATHSIG fires when the spawning *thread* ends.
+class Run {
+ public:
+  explicit Run(const py::dict& spec_dict) {
+    LaunchSpec spec = spec_from_dict(spec_dict);
+    Callbacks cb;
+    cb.on_output = [this](int rank, Stream s, std::string_view line) {
+      std::lock_guard lock(mutex_);
+      lines_.push_back({rank, static_cast<int>(s), std::string(line)});
+      cv_.notify_all();
+    };
+    launcher_ = std::make_unique<Launcher>(std::move(spec), std::move(cb));
+    thread_ = std::thread([this] {
+      RunReport report;
+      std::string error;
+      try {
+        report = launcher_->run();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      std::lock_guard lock(mutex_);
+      report_ = std::move(report);
+      launch_error_ = std::move(error);
+      done_ = true;
+      cv_.notify_all();
+    });
+  }
+
+  ~Run() {
+    if (thread_.joinable()) {
+      launcher_->cancel(SIGKILL);
+      py::gil_scoped_release release;
+      thread_.join();
+    }
+  }
+
+  // Waits up to `timeout` seconds for output or the end; returns (done, [(rank, stream, bytes)]).
+  py::tuple poll(double timeout) {
+    std::deque<Line> batch;
+    bool done;
+    {
+      py::gil_scoped_release release;
+      std::unique_lock lock(mutex_);
+      cv_.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return done_ || !lines_.empty(); });
+      batch.swap(lines_);
+      done = done_;
+    }
+    py::list out;
+    for (auto& l : batch) out.append(py::make_tuple(l.rank, l.stream, py::bytes(l.text)));
+    if (done && thread_.joinable()) {
+      py::gil_scoped_release release;
+      thread_.join();
+    }
+    return py::make_tuple(done, out);
+  }
+
+  void cancel(int sig) { launcher_->cancel(sig); }
+
+  py::object report() {
+    std::lock_guard lock(mutex_);
+    if (!done_) throw std::runtime_error("the run is still going; poll() until it is done");
+    if (!launch_error_.empty()) return py::str(launch_error_);
+    return report_to_dict(report_);
+  }
+
+ private:
+  std::unique_ptr<Launcher> launcher_;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Line> lines_;
+  bool done_ = false;
+  RunReport report_;
+  std::string launch_error_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "libairhost bindings for the airhost Python API (private).";
+  m.attr("__version__") = version();
+
+  py::class_<Run>(m, "Run")
+      .def(py::init<const py::dict&>(), py::arg("spec"))
+      .def("poll", &Run::poll, py::arg("timeout"))
+      .def("cancel", &Run::cancel, py::arg("signal") = SIGINT)
+      .def("report", &Run::report);
+
+  m.def("make_run_id", &detail::make_run_id);
+  m.def("default_runs_root", &default_runs_root);
+
+  m.def("detect_accelerators", [] {
+    const auto inv = detail::detect_accelerators();
+    py::dict d;
+    d["nvml_loaded"] = inv.nvml_loaded;
+    d["nvml_error"] = inv.nvml_error;
+    d["driver_version"] = inv.driver_version;
+    d["node_gpu_count"] = inv.node_gpu_count;
+    py::list gpus;
+    for (const auto& g : inv.gpus) {
+      py::dict gd;
+      gd["index"] = g.index;
+      gd["name"] = g.name;
+      gd["uuid"] = g.uuid;
+      gd["memory_total"] = g.memory_total;
+      gpus.append(gd);
+    }
+    d["gpus"] = gpus;
+    return d;
+  });
+
+  m.def("load_accelerator_types", [](const std::string& path) {
+    py::list out;
+    try {
+      for (const auto& t : detail::load_accelerator_types(path)) {
+        py::dict d;
+        d["name"] = t.name;
+        d["gpu"] = t.gpu;
+        d["count"] = t.count;
+        d["match"] = t.match;
+        out.append(d);
+      }
+    } catch (const detail::ConfigError& e) {
+      throw py::value_error(e.what());
+    }
+    return out;
+  });
+
+  m.def("gpu_model_of", [](const std::string& path, const std::string& name) -> py::object {
+    auto model = detail::gpu_model_of(detail::load_accelerator_types(path), name);
+    return model ? py::object(py::str(*model)) : py::object(py::none());
+  });
+}

@@ -1,0 +1,462 @@
+"""`@distributed`: run a function on every accelerator of this node, get one result per rank."""
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import math
+import os
+import pickle
+import shutil
+import signal
+import sys
+import sysconfig
+import threading
+import warnings
+from typing import Any, Callable, Dict, List, Optional
+
+from . import _accelerators, _leases, _native
+from ._tracking import Tracking
+
+DEFAULT_TIMEOUT = 10800  # 3 h, as databricks.air
+LARGE_PAYLOAD = 256 << 20
+
+
+class DistributedError(RuntimeError):
+    """A rank failed. `failed_ranks`, `report` (the run's outcome per rank) and `run_dir`
+    (logs, run.json) tell the rest; `__cause__` is the rank's own exception when it could
+    be rebuilt in this process."""
+
+    def __init__(self, message: str, failed_ranks=(), report: Optional[dict] = None):
+        super().__init__(message)
+        self.failed_ranks: List[int] = list(failed_ranks)
+        self.report = report
+        self.run_dir = report["run_dir"] if report else None
+
+
+# ---- options --------------------------------------------------------------------------
+
+
+class _Options:
+    def __init__(
+        self,
+        num_accelerators,
+        accelerator_type,
+        timeout,
+        gpus,
+        gpu_type,
+        tracking,
+        wait_for_accelerators,
+        grace,
+        env,
+        prefix,
+    ):
+        if gpus is not None:
+            warnings.warn(
+                "distributed(gpus=...) is deprecated; use num_accelerators=...", FutureWarning, stacklevel=4
+            )
+            if num_accelerators is not None:
+                raise ValueError("give num_accelerators or its legacy name gpus, not both")
+            num_accelerators = gpus
+        self.gpu_model: Optional[str] = None
+        if gpu_type is not None:
+            warnings.warn(
+                "distributed(gpu_type=...) is deprecated; use accelerator_type=AcceleratorType....",
+                FutureWarning,
+                stacklevel=4,
+            )
+            if accelerator_type is not None:
+                raise ValueError("give accelerator_type or its legacy name gpu_type, not both")
+            self.gpu_model = _accelerators.parse_gpu_type(gpu_type)
+        if num_accelerators is not None:
+            if isinstance(num_accelerators, bool) or not isinstance(num_accelerators, int) or num_accelerators < 1:
+                raise ValueError(f"num_accelerators must be a positive integer, got {num_accelerators!r}")
+        self.num_accelerators: Optional[int] = num_accelerators
+        self.accelerator_type = (
+            None if accelerator_type is None else _accelerators.parse_accelerator_type(accelerator_type)
+        )
+        if self.accelerator_type is not None:
+            self.gpu_model = self.accelerator_type.gpu
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+                raise ValueError(f"timeout must be a positive number of seconds, or None to disable it; got {timeout!r}")
+        self.timeout = timeout
+        self.tracking = bool(tracking)
+        self.wait_for_accelerators = wait_for_accelerators
+        self.grace = float(grace)
+        self.env = dict(env or {})
+        self.prefix = prefix
+
+    def resolve_ranks(self):
+        """→ (number of ranks, [(gpu index, uuid)] candidates or [] for CPU ranks). Raises
+        ValueError, before anything starts, when the node cannot give what was asked."""
+        node = _accelerators.detect()
+        asked_type = self.accelerator_type.value if self.accelerator_type else self.gpu_model
+        if not node.gpus:
+            if self.gpu_model is not None:
+                raise ValueError(
+                    f"accelerator_type {asked_type} asks for {self.gpu_model} GPUs, but this node has "
+                    f"{node.describe()}; drop accelerator_type to run CPU ranks here"
+                )
+            return self.num_accelerators or 1, []
+        if self.gpu_model is not None and node.model != self.gpu_model:
+            raise ValueError(
+                f"accelerator_type {asked_type} asks for {self.gpu_model} GPUs, but this node has "
+                f"{node.describe()}; drop accelerator_type or run on a matching node"
+            )
+        n = self.num_accelerators or len(node.gpus)
+        if n > len(node.gpus):
+            raise ValueError(
+                f"num_accelerators={n} asks for more GPUs than this node has: {node.describe()}; "
+                f"ask for at most {len(node.gpus)}"
+            )
+        return n, [(g.index, g.uuid) for g in node.gpus]
+
+
+# ---- payload --------------------------------------------------------------------------
+
+
+def _cloudpickle():
+    try:
+        import cloudpickle
+    except ImportError as e:  # a dependency of the package; only a broken install lacks it
+        raise ImportError("airhost needs cloudpickle to send functions to ranks: pip install cloudpickle") from e
+    return cloudpickle
+
+
+def _describe_unpicklable(fn, args, kwargs) -> str:
+    cp = _cloudpickle()
+    candidates = [(f"argument {i} of {fn.__qualname__}", a) for i, a in enumerate(args)]
+    candidates += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            try:
+                candidates.append((f"the captured variable {name!r}", cell.cell_contents))
+            except ValueError:
+                pass
+        g = getattr(fn, "__globals__", {})
+        candidates += [(f"the global {n!r}", g[n]) for n in code.co_names if n in g]
+    candidates.append((f"the function {fn.__qualname__}", fn))
+    for what, obj in candidates:
+        try:
+            cp.dumps(obj)
+        except Exception as e:
+            return f"{what} ({type(obj).__name__}) cannot be pickled: {e}"
+    return "the function or its arguments cannot be pickled"
+
+
+def _payload(fn, args, kwargs) -> bytes:
+    cp = _cloudpickle()
+    code = getattr(fn, "__code__", None)
+    meta = pickle.dumps(
+        {"sys_path": list(sys.path), "filename": code.co_filename if code else None, "format": 1},
+        protocol=pickle.HIGHEST_PROTOCOL,
+    )
+    try:
+        body = cp.dumps((fn, args, kwargs))
+    except (MemoryError, OverflowError) as e:
+        raise ValueError(
+            f"the function and its arguments are too large to send to the ranks ({type(e).__name__}); "
+            "load large data inside the function instead of capturing it"
+        ) from e
+    except Exception as e:
+        raise TypeError(
+            f"cannot send {fn.__qualname__} to the ranks: {_describe_unpicklable(fn, args, kwargs)}. "
+            "Create such objects inside the function, or pass picklable data instead."
+        ) from e
+    if len(body) > LARGE_PAYLOAD:
+        warnings.warn(
+            f"{fn.__qualname__} and its arguments pickle to {len(body) / 2**30:.2f} GiB; every rank "
+            "loads its own copy. Load large data inside the function instead.",
+            ResourceWarning,
+            stacklevel=4,
+        )
+    return meta + body
+
+
+def _rank_binary() -> str:
+    for d in (os.path.dirname(sys.executable), sysconfig.get_path("scripts")):
+        path = os.path.join(d, "airhost-rank")
+        if os.access(path, os.X_OK):
+            return path
+    return shutil.which("airhost-rank") or ""
+
+
+# ---- one launch -----------------------------------------------------------------------
+
+
+class _Launch:
+    """Prepares, runs and concludes one `.distributed()` call. Everything that can be
+    wrong with the call is raised by __init__, before any process starts."""
+
+    def __init__(self, fn: Callable, opts: _Options, args: tuple, kwargs: dict, out=None, err=None):
+        self.fn = fn
+        self.opts = opts
+        self.out = out
+        self.err = err
+        self.nprocs, candidates = opts.resolve_ranks()
+        payload = _payload(fn, args, kwargs)  # TypeError naming the culprit, before any start
+        self.lease = None
+        if candidates:
+            self.lease = _leases.acquire(
+                candidates, self.nprocs, opts.wait_for_accelerators, lambda m: print(m, file=self._err(), flush=True)
+            )
+        try:
+            run_id = _native.make_run_id()
+            self.run_dir = os.path.join(_native.default_runs_root(), run_id)
+            os.makedirs(os.path.join(self.run_dir, "logs"), mode=0o700, exist_ok=True)
+            payload_path = os.path.join(self.run_dir, "payload.pkl")
+            with open(os.open(payload_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+                f.write(payload)
+            del payload
+            self.tracking = Tracking(
+                opts.tracking,
+                getattr(fn, "__name__", "airhost"),
+                {
+                    "num_accelerators": self.nprocs,
+                    "accelerator_type": opts.accelerator_type.value if opts.accelerator_type else "",
+                    "function": getattr(fn, "__qualname__", repr(fn)),
+                },
+                out=self._err(),
+            )
+            env = dict(opts.env)
+            env.update(self.tracking.start())
+            self.spec = {
+                "kind": "pickled",
+                "target": payload_path,
+                "nprocs": self.nprocs,
+                "devices": self.lease.indices if self.lease else [],
+                "python": sys.executable,
+                "rank_binary": _rank_binary(),
+                "env": env,
+                "timeout": 0 if opts.timeout is None else int(math.ceil(opts.timeout)),
+                "grace": opts.grace,
+                "run_id": run_id,
+                "run_dir": self.run_dir,
+                "working_dir": os.getcwd(),
+            }
+            self.run = _native.Run(self.spec)
+        except BaseException:
+            if self.lease:
+                self.lease.release()
+            raise
+
+    def _out(self):
+        return self.out or sys.stdout
+
+    def _err(self):
+        return self.err or sys.stderr
+
+    def pump(self, timeout: float) -> bool:
+        """Forwards rank output written since the last call; True once the run is over."""
+        done, lines = self.run.poll(timeout)
+        if lines:
+            streams = {1: self._out(), 2: self._err()}
+            for rank, stream, data in lines:
+                text = data.decode("utf-8", "replace")
+                streams[stream].write(f"[rank {rank}] {text}\n" if self.opts.prefix else text + "\n")
+            for s in streams.values():
+                s.flush()
+        return done
+
+    def wait(self):
+        """Runs to the end in this thread. Ctrl-C (or Jupyter's interrupt) stops every rank
+        first, then raises KeyboardInterrupt."""
+        try:
+            while not self.pump(0.1):
+                pass
+        except KeyboardInterrupt:
+            self.run.cancel(signal.SIGINT)
+            try:
+                while not self.pump(0.1):
+                    pass
+            except KeyboardInterrupt:
+                self.run.cancel(signal.SIGKILL)  # a second interrupt: no more grace
+                while not self.pump(0.1):
+                    pass
+            self._conclude(interrupted=True)
+            raise
+        return self._conclude()
+
+    def cancel(self, sig=signal.SIGINT):
+        self.run.cancel(sig)
+
+    def _conclude(self, interrupted=False):
+        try:
+            report = self.run.report()
+            if isinstance(report, str):  # the launch never started
+                self.tracking.finish("FAILED")
+                raise DistributedError(f"airhost could not start the run: {report}")
+            outcome = report["outcome"]
+            status = {"succeeded": "FINISHED", "interrupted": "KILLED"}.get(outcome, "FAILED")
+            self.tracking.finish(status)
+            if interrupted:
+                return None
+            return _results_or_raise(report, self.opts)
+        finally:
+            if self.lease:
+                self.lease.release()
+
+
+def _signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _rank_failure(r: dict) -> str:
+    if r["signal"]:
+        what = f"was killed by {_signal_name(r['signal'])}"
+    else:
+        what = f"exited with code {r['exit_code']}"
+    if r["error"]:
+        first = (r["error"]["message"] or "").splitlines()[:1]
+        what += f": {r['error']['type']}" + (f": {first[0]}" if first else "")
+    return f"rank {r['rank']} (pid {r['pid']}) {what}"
+
+
+def _results_or_raise(report: dict, opts: _Options) -> List[Any]:
+    ranks = sorted(report["ranks"], key=lambda r: r["rank"])
+    outcome = report["outcome"]
+    logs = os.path.join(report["run_dir"], "logs")
+    if outcome == "timed_out":
+        raise TimeoutError(
+            f"the run timed out after {opts.timeout} s and every rank was stopped; raise timeout= "
+            f"(or None to disable it). Logs: {logs}"
+        )
+    if outcome == "interrupted":
+        raise KeyboardInterrupt(f"the run was interrupted by {_signal_name(report['interrupt_signal'])}")
+    if outcome != "succeeded":
+        failed = [r for r in ranks if r["state"] == "failed"]
+        root = next((r for r in ranks if r["rank"] == report["root_cause"]), failed[0] if failed else None)
+        lines = [
+            f"{len(failed)} of {len(ranks)} rank(s) failed: " + ", ".join(str(r["rank"]) for r in failed)
+        ]
+        lines += ["  " + _rank_failure(r) for r in failed]
+        cause = None
+        if root is not None:
+            if root["error"] and root["error"]["traceback"]:
+                lines.append(f"Remote traceback of rank {root['rank']}:")
+                lines.append(root["error"]["traceback"].rstrip("\n"))
+            else:
+                lines.append(f"Rank {root['rank']} reported no Python exception; see {root['stderr_log']}")
+            if root["error"] and root["error"]["pickled"]:
+                try:
+                    cause = pickle.loads(root["error"]["pickled"])
+                except Exception:
+                    cause = None
+        lines.append(f"Logs: {logs}")
+        err = DistributedError("\n".join(lines), [r["rank"] for r in failed], report)
+        if isinstance(cause, BaseException):
+            raise err from cause
+        raise err
+    results = []
+    for r in ranks:
+        if r["result"] is None:
+            raise DistributedError(
+                f"rank {r['rank']} exited 0 without returning a result (did it call os._exit?). Logs: {logs}",
+                [r["rank"]],
+                report,
+            )
+        try:
+            results.append(pickle.loads(r["result"]))
+        except Exception as e:
+            raise DistributedError(
+                f"the result of rank {r['rank']} cannot be unpickled here: {e}; return plain data "
+                "(numbers, lists, dicts, tensors) from the function",
+                [r["rank"]],
+                report,
+            ) from e
+    return results
+
+
+# ---- the decorator --------------------------------------------------------------------
+
+
+class RunFuture(concurrent.futures.Future):
+    """The Future of a run started with `.submit()`; `stop()` tears the run down."""
+
+    _launch: Optional[_Launch] = None
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self._launch is not None:
+            self._launch.cancel(sig)
+
+
+class DistributedFunction:
+    """What `@distributed` makes of a function: calling it runs it here, once;
+    `.distributed(...)` runs it on every rank and returns their results in rank order."""
+
+    def __init__(self, fn: Callable, opts: _Options):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.options = opts
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def distributed(self, *args, **kwargs) -> List[Any]:
+        """Runs the function on every rank; returns the list of return values by global rank."""
+        return _Launch(self.fn, self.options, args, kwargs).wait()
+
+    def submit(self, *args, **kwargs) -> RunFuture:
+        """Starts the run and returns at once with a Future of the results list: several runs
+        with fewer accelerators each can share a node (they never get the same GPU)."""
+        future = RunFuture()
+        launch = _Launch(self.fn, self.options, args, kwargs)  # bad input raises here, in the caller
+        future._launch = launch
+        future.set_running_or_notify_cancel()
+
+        def run():
+            try:
+                while not launch.pump(0.2):
+                    pass
+                future.set_result(launch._conclude())
+            except BaseException as e:  # the Future carries it to whoever waits
+                future.set_exception(e)
+
+        threading.Thread(target=run, name=f"airhost-{launch.run_dir}", daemon=True).start()
+        return future
+
+    def __repr__(self):
+        return f"<distributed {self.fn.__qualname__}>"
+
+
+def distributed(
+    fn: Optional[Callable] = None,
+    *,
+    num_accelerators: Optional[int] = None,
+    accelerator_type=None,
+    timeout: Optional[float] = DEFAULT_TIMEOUT,
+    gpus: Optional[int] = None,
+    gpu_type=None,
+    tracking: bool = True,
+    wait_for_accelerators: Optional[float] = None,
+    grace: float = 10.0,
+    env: Optional[Dict[str, str]] = None,
+    prefix: bool = True,
+):
+    """Decorates a function so that `fn.distributed(*args, **kwargs)` runs it on every rank.
+
+    num_accelerators: ranks; default every GPU of the node (1 CPU rank without GPUs).
+    accelerator_type: an AcceleratorType or its name ("GPU_8xH100"); checked against the node.
+    timeout: seconds before every rank is stopped and TimeoutError raised; None disables.
+    gpus, gpu_type: legacy names of num_accelerators and the GPU model (FutureWarning).
+    tracking: create an MLflow run per call when mlflow is importable.
+    wait_for_accelerators: seconds to wait for GPUs held by other runs (None: as long as needed).
+    grace: seconds between SIGTERM and SIGKILL when the ranks are stopped.
+    env: extra environment variables for every rank.
+    prefix: put "[rank N] " before every line of rank output.
+    """
+    if fn is not None and not callable(fn):
+        if isinstance(fn, int) and num_accelerators is None:  # distributed(8): positional count
+            num_accelerators, fn = fn, None
+        else:
+            raise TypeError("use @distributed or @distributed(num_accelerators=..., ...)")
+    opts = _Options(
+        num_accelerators, accelerator_type, timeout, gpus, gpu_type, tracking, wait_for_accelerators, grace, env, prefix
+    )
+    if fn is not None:
+        return DistributedFunction(fn, opts)
+    return lambda f: DistributedFunction(f, opts)
