@@ -30,14 +30,14 @@ bool is_file(const std::string& path) {
 
 // The rank executable: given, $AIRHOST_RANK_BINARY, next to the running program (the CLI in
 // a venv's bin/, or python itself for the Python API: pip installs both there), or the
-// install prefix's libexec.
+// install prefix's bin/ (an embedding program installed with cmake --install).
 std::string find_rank_binary(const LaunchSpec& spec) {
   if (!spec.rank_binary.empty()) return spec.rank_binary;
   auto env = detail::getenv_or("AIRHOST_RANK_BINARY", "");
   if (!env.empty()) return env;
   const std::string beside = detail::dirname_of(detail::executable_path()) + "/airhost-rank";
   if (is_executable(beside)) return beside;
-  return std::string(AIRHOST_INSTALL_LIBEXECDIR) + "/airhost-rank";
+  return std::string(AIRHOST_INSTALL_BINDIR) + "/airhost-rank";
 }
 
 // The interpreter ranks use by default: the python of the environment airhost was
@@ -86,6 +86,8 @@ void validate(const LaunchSpec& spec, const std::string& rank_binary) {
            (spec.working_dir.empty() ? detail::current_directory() : spec.working_dir) +
            "); check the path");
   }
+  if (spec.entry.result_format != "pickle" && spec.entry.result_format != "json")
+    fail("result_format must be \"pickle\" or \"json\", got \"" + spec.entry.result_format + "\"");
   if (spec.entry.kind == Entry::Kind::function && spec.entry.function.empty())
     fail("no function named after ':' in '" + spec.entry.target + ":'");
   if (!is_executable(rank_binary))
@@ -161,6 +163,8 @@ RunReport Launcher::run() {
   plan.rank_argv = {rank_binary, "--kind", entry_kind(spec.entry), "--target", target};
   if (!spec.entry.function.empty()) plan.rank_argv.insert(plan.rank_argv.end(), {"--function", spec.entry.function});
   if (!spec.python.empty()) plan.rank_argv.insert(plan.rank_argv.end(), {"--python", spec.python});
+  if (spec.entry.result_format != "pickle")
+    plan.rank_argv.insert(plan.rank_argv.end(), {"--result-format", spec.entry.result_format});
   plan.rank_argv.push_back("--");
   plan.rank_argv.insert(plan.rank_argv.end(), spec.entry.args.begin(), spec.entry.args.end());
 

@@ -65,13 +65,18 @@ def install():
     sys.excepthook = _excepthook
 
 
-def _send_result(value):
+def _send_result(value, result_format="pickle"):
     try:
-        payload = _dumps(value)
+        if result_format == "json":
+            import json
+
+            payload = json.dumps(value).encode()
+        else:
+            payload = _dumps(value)
     except Exception as e:
         rank = os.environ.get("RANK", "?")
         raise TypeError(
-            f"the return value of rank {rank} ({type(value).__name__}) cannot be pickled: {e}; "
+            f"the return value of rank {rank} ({type(value).__name__}) cannot be sent as {result_format}: {e}; "
             "return plain data (numbers, lists, dicts, tensors) instead"
         ) from e
     _airhost_rank.send_result(payload)
@@ -132,7 +137,7 @@ def _load_pickled(path):
     return fn, args, kwargs
 
 
-def run_function(kind, target, function):
+def run_function(kind, target, function, result_format="pickle"):
     """Entry point for `train.py:main`, `-m mod:main` and the Python API. Returns the exit code."""
     try:
         args, kwargs = (), {}
@@ -142,7 +147,7 @@ def run_function(kind, target, function):
             fn = _load_module_function(target, function)
         else:
             fn, args, kwargs = _load_pickled(target)
-        _send_result(fn(*args, **kwargs))
+        _send_result(fn(*args, **kwargs), result_format)
         return 0
     except SystemExit as e:
         code = e.code

@@ -108,8 +108,8 @@ int run_interpreter(const RankArgs& args) {
   }
 
   int code = 1;
-  PyObject* rv = PyObject_CallMethod(bootstrap, "run_function", "sss", args.kind.c_str(),
-                                     args.target.c_str(), args.function.c_str());
+  PyObject* rv = PyObject_CallMethod(bootstrap, "run_function", "ssss", args.kind.c_str(),
+                                     args.target.c_str(), args.function.c_str(), args.result_format.c_str());
   Py_DECREF(bootstrap);
   if (rv) {
     code = static_cast<int>(PyLong_AsLong(rv));

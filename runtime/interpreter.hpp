@@ -12,6 +12,7 @@ struct RankArgs {
   std::string target;    // script path, module name or payload path
   std::string function;  // function-* kinds
   std::string python;    // the interpreter whose environment (venv, site-packages) to use
+  std::string result_format = "pickle";  // or "json"
   std::vector<std::string> args;  // sys.argv[1:]
 };
 

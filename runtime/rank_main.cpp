@@ -61,6 +61,7 @@ int main(int argc, char** argv) {
     else if (a == "--target") ok = value(args.target);
     else if (a == "--function") ok = value(args.function);
     else if (a == "--python") ok = value(args.python);
+    else if (a == "--result-format") ok = value(args.result_format);
     else return usage(("unknown option " + a).c_str());
     if (!ok) return usage(("missing value for " + a).c_str());
   }

@@ -27,6 +27,8 @@ struct Entry {
   bool module_target = false;      // Kind::function: target is a dotted module name, not a path
   std::vector<std::string> args;   // sys.argv[1:] of every rank
   std::string payload;             // Kind::pickled: bytes written once to the run dir, read by each rank
+  std::string result_format = "pickle";  // function kinds: "pickle" (cloudpickle when available),
+                                         //   or "json" (UTF-8 JSON text, for C++ callers)
 };
 
 // How rank output reaches the caller. The per-rank log files are always written in full,

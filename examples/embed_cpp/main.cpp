@@ -1,0 +1,53 @@
+// embed_demo — launch a Python function on 2 ranks from a C++ program with libairhost.
+//
+//   embed_demo path/to/train_fn.py [function] [ranks]
+#include <airhost/airhost.hpp>
+
+#include <cstdio>
+#include <mutex>
+#include <string>
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s SCRIPT.py [FUNCTION] [RANKS]\n", argv[0]);
+    return 2;
+  }
+  airhost::LaunchSpec spec;
+  spec.entry.kind = airhost::Entry::Kind::function;
+  spec.entry.target = argv[1];
+  spec.entry.function = argc > 2 ? argv[2] : "train";
+  spec.entry.result_format = "json";  // plain text a C++ program can read
+  spec.nprocs = argc > 3 ? std::stoi(argv[3]) : 2;
+  spec.timeout = std::chrono::seconds(120);
+  spec.rank_binary = AIRHOST_RANK_BINARY;
+  spec.output.forward = false;  // our own callback prints instead
+
+  std::mutex print_mutex;
+  airhost::Callbacks callbacks;
+  callbacks.on_output = [&](int rank, airhost::Stream stream, std::string_view line) {
+    std::lock_guard lock(print_mutex);
+    std::fprintf(stream == airhost::Stream::out ? stdout : stderr, "embed_demo | rank %d | %.*s\n", rank,
+                 static_cast<int>(line.size()), line.data());
+  };
+  callbacks.on_rank_event = [&](const airhost::RankEvent& e) {
+    std::lock_guard lock(print_mutex);
+    if (e.kind == airhost::RankEvent::Kind::started) std::printf("embed_demo | rank %d started (pid %d)\n", e.rank, e.pid);
+    else std::printf("embed_demo | rank %d exited (code %d, signal %d)\n", e.rank, e.exit_code, e.term_signal);
+  };
+
+  airhost::Launcher launcher(spec, callbacks);
+  airhost::RunReport report;
+  try {
+    report = launcher.run();
+  } catch (const airhost::LaunchError& e) {
+    std::fprintf(stderr, "embed_demo: %s\n", e.what());
+    return airhost::to_int(airhost::ExitCode::usage);
+  }
+  std::printf("embed_demo | outcome: %s (exit %d) in %.2f s, logs in %s\n", airhost::to_string(report.outcome),
+              report.exit_code, report.wall_seconds, report.run_dir.c_str());
+  for (const auto& r : report.ranks) {
+    if (r.result) std::printf("embed_demo | result of rank %d: %s\n", r.rank, r.result->c_str());
+    if (r.error) std::printf("embed_demo | rank %d raised %s: %s\n", r.rank, r.error->type.c_str(), r.error->message.c_str());
+  }
+  return report.exit_code;
+}

@@ -1,0 +1,185 @@
+// The public API end to end: real rank processes running real Python scripts.
+#include <doctest/doctest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "airhost/airhost.hpp"
+
+using namespace airhost;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char t[] = "/tmp/airhost-launcher-XXXXXX";
+    path = mkdtemp(t);
+  }
+  ~TempDir() { std::system(("rm -rf " + path).c_str()); }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(path + "/" + name) << text;
+    return path + "/" + name;
+  }
+};
+
+LaunchSpec spec_for(const TempDir& dir, const std::string& script, int nprocs) {
+  LaunchSpec spec;
+  spec.entry.target = script;
+  spec.nprocs = nprocs;
+  spec.rank_binary = AIRHOST_BINARY_DIR "/airhost-rank";
+  spec.run_dir = dir.path + "/run-" + std::to_string(std::rand());
+  spec.output.forward = false;
+  spec.grace = std::chrono::milliseconds(2000);
+  return spec;
+}
+
+struct Recorder {
+  std::mutex m;
+  std::vector<std::string> lines;
+  std::vector<RankEvent> events;
+  Callbacks callbacks() {
+    Callbacks cb;
+    cb.on_output = [this](int rank, Stream s, std::string_view line) {
+      std::lock_guard l(m);
+      lines.push_back(std::to_string(rank) + (s == Stream::out ? " out " : " err ") + std::string(line));
+    };
+    cb.on_rank_event = [this](const RankEvent& e) {
+      std::lock_guard l(m);
+      events.push_back(e);
+    };
+    return cb;
+  }
+  bool has(const std::string& line) {
+    std::lock_guard l(m);
+    return std::find(lines.begin(), lines.end(), line) != lines.end();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a launch runs every rank, streams their lines and reports each one") {
+  TempDir dir;
+  auto script = dir.write("hello.py", "import os, sys\nprint('hello', os.environ['RANK'])\nprint('warn', file=sys.stderr)\n");
+  Recorder rec;
+  Launcher launcher(spec_for(dir, script, 3), rec.callbacks());
+  RunReport report = launcher.run();
+  CHECK(report.ok());
+  CHECK(report.exit_code == 0);
+  REQUIRE(report.ranks.size() == 3);
+  for (int r = 0; r < 3; ++r) {
+    CHECK(rec.has(std::to_string(r) + " out hello " + std::to_string(r)));
+    CHECK(rec.has(std::to_string(r) + " err warn"));
+    CHECK(report.ranks[r].state == RankState::succeeded);
+    CHECK(report.ranks[r].pid > 0);
+  }
+  CHECK(rec.events.size() == 6);  // started and exited, per rank
+  CHECK(access((report.run_dir + "/run.json").c_str(), R_OK) == 0);
+}
+
+TEST_CASE("a function entry hands back each rank's return value as JSON") {
+  TempDir dir;
+  auto script = dir.write("fn.py", "import os\ndef main():\n    return {'rank': int(os.environ['RANK'])}\n");
+  LaunchSpec spec = spec_for(dir, script, 2);
+  spec.entry.kind = Entry::Kind::function;
+  spec.entry.function = "main";
+  spec.entry.result_format = "json";
+  RunReport report = Launcher(spec).run();
+  REQUIRE(report.ok());
+  CHECK(*report.ranks[0].result == "{\"rank\": 0}");
+  CHECK(*report.ranks[1].result == "{\"rank\": 1}");
+}
+
+TEST_CASE("a rank that raises fails the run with its exception as the root cause") {
+  TempDir dir;
+  auto script = dir.write("boom.py",
+                          "import os, time\nif os.environ['RANK'] == '1':\n    raise ValueError('no good')\ntime.sleep(30)\n");
+  RunReport report = Launcher(spec_for(dir, script, 2)).run();
+  CHECK(report.outcome == Outcome::failed);
+  CHECK(report.exit_code == 1);
+  CHECK(report.root_cause == 1);
+  REQUIRE(report.ranks[1].error.has_value());
+  CHECK(report.ranks[1].error->type == "ValueError");
+  CHECK(report.ranks[1].error->message == "no good");
+  CHECK(report.ranks[1].error->traceback.find("boom.py\", line 3") != std::string::npos);
+  CHECK(report.ranks[0].state == RankState::stopped);
+  CHECK(report.wall_seconds < 20);
+}
+
+TEST_CASE("cancel from another thread stops every rank and reports an interruption") {
+  TempDir dir;
+  auto script = dir.write("sleep.py", "import time\nprint('up', flush=True)\ntime.sleep(60)\n");
+  Recorder rec;
+  Launcher launcher(spec_for(dir, script, 2), rec.callbacks());
+  std::thread canceller([&] {
+    for (int i = 0; i < 300 && !(rec.has("0 out up") && rec.has("1 out up")); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    launcher.cancel(SIGTERM);
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  RunReport report = launcher.run();
+  canceller.join();
+  CHECK(report.outcome == Outcome::interrupted);
+  CHECK(report.exit_code == 143);
+  CHECK(report.interrupt_signal == SIGTERM);
+  for (auto& r : report.ranks) {
+    CHECK(r.state == RankState::stopped);
+    CHECK(kill(r.pid, 0) != 0);  // gone (reaped)
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+}
+
+TEST_CASE("cancel before run starts makes the run stop at once") {
+  TempDir dir;
+  auto script = dir.write("sleep.py", "import time\ntime.sleep(60)\n");
+  Launcher launcher(spec_for(dir, script, 1));
+  launcher.cancel();
+  RunReport report = launcher.run();
+  CHECK(report.outcome == Outcome::interrupted);
+  CHECK(report.exit_code == 130);
+}
+
+TEST_CASE("two launches in one program, one after the other and at the same time") {
+  TempDir dir;
+  auto script = dir.write("port.py", "import os\nprint(os.environ['MASTER_PORT'], os.environ['AIRHOST_RUN_ID'])\n");
+  for (int i = 0; i < 2; ++i) CHECK(Launcher(spec_for(dir, script, 2)).run().ok());
+
+  RunReport a, b;
+  Recorder ra, rb;
+  LaunchSpec sa = spec_for(dir, script, 2), sb = spec_for(dir, script, 2);
+  sb.run_dir += "-b";
+  std::thread ta([&] { a = Launcher(sa, ra.callbacks()).run(); });
+  std::thread tb([&] { b = Launcher(sb, rb.callbacks()).run(); });
+  ta.join();
+  tb.join();
+  CHECK(a.ok());
+  CHECK(b.ok());
+  CHECK(a.run_id != b.run_id);
+  REQUIRE(!ra.lines.empty());
+  REQUIRE(!rb.lines.empty());
+  CHECK(ra.lines[0].substr(6, 5) != rb.lines[0].substr(6, 5));  // distinct MASTER_PORTs
+}
+
+TEST_CASE("a spec that cannot run is refused before anything starts") {
+  TempDir dir;
+  LaunchSpec spec = spec_for(dir, dir.path + "/missing.py", 1);
+  CHECK_THROWS_WITH_AS(Launcher(spec).run(), doctest::Contains("not found"), LaunchError);
+  spec = spec_for(dir, dir.write("ok.py", "pass\n"), 0);
+  CHECK_THROWS_WITH_AS(Launcher(spec).run(), doctest::Contains("at least 1"), LaunchError);
+  spec = spec_for(dir, dir.write("ok.py", "pass\n"), 1);
+  spec.rank_binary = "/nonexistent/airhost-rank";
+  CHECK_THROWS_WITH_AS(Launcher(spec).run(), doctest::Contains("AIRHOST_RANK_BINARY"), LaunchError);
+}
+
+TEST_CASE("a launcher runs once") {
+  TempDir dir;
+  Launcher launcher(spec_for(dir, dir.write("ok.py", "pass\n"), 1));
+  CHECK(launcher.run().ok());
+  CHECK_THROWS_AS(launcher.run(), LaunchError);
+}

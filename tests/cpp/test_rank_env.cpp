@@ -1,0 +1,84 @@
+#include <doctest/doctest.h>
+
+#include <map>
+
+#include "rank_env.hpp"
+
+using namespace airhost;
+using namespace airhost::detail;
+
+namespace {
+std::map<std::string, std::string> as_map(const std::vector<std::string>& env) {
+  std::map<std::string, std::string> m;
+  for (const auto& kv : env) {
+    auto eq = kv.find('=');
+    CHECK(m.emplace(kv.substr(0, eq), kv.substr(eq + 1)).second);  // no key twice
+  }
+  return m;
+}
+}  // namespace
+
+TEST_CASE("a rank gets torchrun's variables with its own rank") {
+  LaunchSpec spec;
+  spec.nprocs = 4;
+  spec.nnodes = 2;
+  spec.node_rank = 1;
+  spec.master_addr = "10.0.0.1";
+  RunContext ctx{"run-1", "/runs/run-1", 29555, 4242, 3};
+  auto env = as_map(build_rank_env(spec, 2, ctx, {"PATH=/bin"}));
+  CHECK(env["RANK"] == "6");
+  CHECK(env["LOCAL_RANK"] == "2");
+  CHECK(env["WORLD_SIZE"] == "8");
+  CHECK(env["LOCAL_WORLD_SIZE"] == "4");
+  CHECK(env["GROUP_RANK"] == "1");
+  CHECK(env["ROLE_RANK"] == "6");
+  CHECK(env["ROLE_WORLD_SIZE"] == "8");
+  CHECK(env["MASTER_ADDR"] == "10.0.0.1");
+  CHECK(env["MASTER_PORT"] == "29555");
+  CHECK(env["TORCHELASTIC_RUN_ID"] == "run-1");
+  CHECK(env["AIRHOST_RUN_ID"] == "run-1");
+  CHECK(env["AIRHOST_RUN_DIR"] == "/runs/run-1");
+  CHECK(env["AIRHOST_HOST_PID"] == "4242");
+  CHECK(env["AIRHOST_CONTROL_FD"] == "3");
+  CHECK(env["PYTHONUNBUFFERED"] == "1");
+  CHECK(env["PATH"] == "/bin");
+  CHECK(env.count("CUDA_VISIBLE_DEVICES") == 0);
+}
+
+TEST_CASE("OMP_NUM_THREADS defaults to 1 but the caller's value wins") {
+  LaunchSpec spec;
+  RunContext ctx{"r", "/d", 1, 1, 3};
+  CHECK(as_map(build_rank_env(spec, 0, ctx, {}))["OMP_NUM_THREADS"] == "1");
+  CHECK(as_map(build_rank_env(spec, 0, ctx, {"OMP_NUM_THREADS=8"}))["OMP_NUM_THREADS"] == "8");
+}
+
+TEST_CASE("the caller cannot spoof a rank variable, but explicit spec.env overrides anything") {
+  LaunchSpec spec;
+  spec.nprocs = 2;
+  RunContext ctx{"r", "/d", 1, 1, 3};
+  auto env = as_map(build_rank_env(spec, 1, ctx, {"RANK=99", "FOO=caller"}));
+  CHECK(env["RANK"] == "1");
+  spec.env = {{"FOO", "explicit"}, {"NCCL_DEBUG", "INFO"}};
+  env = as_map(build_rank_env(spec, 1, ctx, {"FOO=caller"}));
+  CHECK(env["FOO"] == "explicit");
+  CHECK(env["NCCL_DEBUG"] == "INFO");
+}
+
+TEST_CASE("GPU ranks see the run's devices in PCI order") {
+  LaunchSpec spec;
+  spec.nprocs = 2;
+  spec.devices = {2, 5};
+  RunContext ctx{"r", "/d", 1, 1, 3};
+  auto env = as_map(build_rank_env(spec, 1, ctx, {}));
+  CHECK(env["CUDA_VISIBLE_DEVICES"] == "2,5");
+  CHECK(env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID");
+}
+
+TEST_CASE("without inherit_env only airhost's own variables are set") {
+  LaunchSpec spec;
+  spec.inherit_env = false;
+  RunContext ctx{"r", "/d", 1, 1, 3};
+  auto env = as_map(build_rank_env(spec, 0, ctx, {"SECRET=x"}));
+  CHECK(env.count("SECRET") == 0);
+  CHECK(env.count("RANK") == 1);
+}
