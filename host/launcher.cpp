@@ -40,14 +40,16 @@ std::string find_rank_binary(const LaunchSpec& spec) {
   return std::string(AIRHOST_INSTALL_BINDIR) + "/airhost-rank";
 }
 
-// The interpreter ranks use by default: the python of the environment airhost was
-// installed into (the CLI sits next to it in bin/), else the one airhost was built with.
-// Empty lets libpython find its own home.
+}  // namespace
+
+// The CLI sits next to python in the bin/ of the environment it was installed into.
 std::string default_python() {
   const std::string beside = detail::dirname_of(detail::executable_path()) + "/python3";
   if (is_executable(beside)) return beside;
   return is_executable(AIRHOST_DEFAULT_PYTHON) ? std::string(AIRHOST_DEFAULT_PYTHON) : std::string{};
 }
+
+namespace {
 
 std::string entry_kind(const Entry& e) {
   switch (e.kind) {
@@ -58,6 +60,20 @@ std::string entry_kind(const Entry& e) {
     case Entry::Kind::pickled: return "pickled";
   }
   return "script";
+}
+
+// The rank runtime embeds the libpython it was built with; an interpreter of another
+// version would hand it a standard library it cannot run.
+std::string python_version_of(const std::string& python) {
+  const std::string cmd = "'" + python + "' -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null";
+  std::string out;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char buf[64];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    ::pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
 }
 
 void validate(const LaunchSpec& spec, const std::string& rank_binary) {
@@ -96,6 +112,13 @@ void validate(const LaunchSpec& spec, const std::string& rank_binary) {
   if (!spec.python.empty() && !is_executable(spec.python))
     fail("python interpreter '" + spec.python + "' is not an executable file; give the path of a python "
          "binary (or a venv's bin/python)");
+  if (!spec.python.empty() && spec.python != default_python()) {
+    const std::string v = python_version_of(spec.python);
+    if (v != AIRHOST_PYTHON_VERSION)
+      fail("python interpreter '" + spec.python + "' is Python " + (v.empty() ? "of an unknown version" : v) +
+           ", but this airhost was built for Python " AIRHOST_PYTHON_VERSION "; use a " AIRHOST_PYTHON_VERSION
+           " interpreter or venv, or install airhost with that Python");
+  }
 }
 
 }  // namespace

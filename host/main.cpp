@@ -58,6 +58,34 @@ void save_results(const RunReport& report) {
 
 int doctor(const HostOptions& opts);
 
+// --preflight: the quick checks that catch a bad node before hours are committed to it.
+// Returns the problems found, one sentence each.
+std::vector<std::string> preflight(const LaunchSpec& spec) {
+  std::vector<std::string> problems;
+  const auto inv = detect_accelerators();
+  for (int d : spec.devices) {
+    bool seen = false;
+    for (const auto& g : inv.gpus) seen |= g.index == d;
+    if (!seen) problems.push_back("GPU " + std::to_string(d) + " is not visible through NVML");
+  }
+  for (const auto& g : inv.gpus)
+    if (g.memory_total == 0) problems.push_back("GPU " + std::to_string(g.index) + " reports no memory");
+  // The interpreter must start and see torch: that is what every rank will do first.
+  const std::string python = spec.python.empty() ? "python3" : spec.python;
+  const std::string cmd = "'" + python + "' -c 'import torch' 2>&1";
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    std::string out;
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, p)) out += buf;
+    if (int rc = ::pclose(p); rc != 0) {
+      auto last = out.find_last_of('\n', out.size() >= 2 ? out.size() - 2 : 0);
+      problems.push_back(python + " cannot import torch: " +
+                         (last == std::string::npos ? out : out.substr(last + 1)));
+    }
+  }
+  return problems;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,6 +116,17 @@ int main(int argc, char** argv) {
     spec = make_spec(opts);
   } catch (const ConfigError& e) {
     return usage_error(e.what());
+  }
+
+  if (spec.python.empty()) spec.python = default_python();
+  if (opts.settings.preflight.value_or(false)) {
+    auto problems = preflight(spec);
+    for (const auto& p : problems) std::fprintf(stderr, "airhost: preflight: %s\n", p.c_str());
+    if (!problems.empty()) {
+      std::fprintf(stderr, "airhost: preflight failed; nothing was started (fix the node, or run without --preflight)\n");
+      return to_int(ExitCode::preflight_failed);
+    }
+    std::fprintf(stderr, "airhost: preflight passed (%zu GPU(s), interpreter imports torch)\n", spec.devices.size());
   }
 
   Launcher launcher(std::move(spec));

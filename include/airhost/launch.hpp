@@ -69,4 +69,9 @@ struct LaunchSpec {
 // $AIRHOST_RUNS_DIR, else $XDG_STATE_HOME/airhost/runs, else ~/.local/state/airhost/runs.
 std::string default_runs_root();
 
+// The interpreter ranks use when LaunchSpec::python is empty: the python3 next to the running
+// program (airhost installed in a venv's bin/), else the one airhost was built against;
+// empty if neither exists (libpython then finds its own home).
+std::string default_python();
+
 }  // namespace airhost
