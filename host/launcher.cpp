@@ -102,6 +102,10 @@ void validate(const LaunchSpec& spec, const std::string& rank_binary) {
            (spec.working_dir.empty() ? detail::current_directory() : spec.working_dir) +
            "); check the path");
   }
+  for (int r : spec.output.ranks)
+    if (r < 0 || r >= spec.nprocs * spec.nnodes)
+      fail("the output filter names rank " + std::to_string(r) + ", but the run has ranks 0.." +
+           std::to_string(spec.nprocs * spec.nnodes - 1) + "; fix --ranks");
   if (spec.entry.result_format != "pickle" && spec.entry.result_format != "json")
     fail("result_format must be \"pickle\" or \"json\", got \"" + spec.entry.result_format + "\"");
   if (spec.entry.kind == Entry::Kind::function && spec.entry.function.empty())

@@ -51,7 +51,7 @@ void save_results(const RunReport& report) {
   for (const auto& r : report.ranks) any |= r.result.has_value();
   if (!any) return;
   std::string dir = report.run_dir + "/results";
-  create_run_dir(dir);
+  make_dirs(dir);
   for (const auto& r : report.ranks)
     if (r.result) write_file_atomic(dir + "/rank-" + std::to_string(r.rank) + ".pkl", *r.result);
 }

@@ -1,6 +1,9 @@
 #include "port.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -20,9 +23,36 @@ int reusable_socket(int family) {
   return fd;
 }
 
+// The flock that says "an airhost run uses this port"; -1 when another run holds it.
+int lock_port(int port) {
+  const char* dir = "/tmp/airhost-ports";
+  if (::mkdir(dir, 01777) == 0) ::chmod(dir, 01777);  // shared by every user, like /tmp
+  const std::string path = std::string(dir) + "/" + std::to_string(port) + ".lock";
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) return -2;  // cannot lock at all: fall back to the socket alone
+  ::fchmod(fd, 0666);
+  if (::flock(fd, LOCK_EX | LOCK_NB) < 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 }  // namespace
 
 PortReservation PortReservation::reserve(int port) {
+  // A free port another airhost run happens to hold too is skipped: ask again.
+  for (int attempt = 0;; ++attempt) {
+    PortReservation r = reserve_once(port);
+    if (r.lock_fd_ != -1 || r.port_ == 0) return r;
+    if (port != 0)
+      throw std::system_error(EADDRINUSE, std::generic_category(),
+                              "master port " + std::to_string(port) + " is in use by another airhost run");
+    if (attempt == 50) throw std::system_error(EADDRINUSE, std::generic_category(), "cannot reserve a free port");
+  }
+}
+
+PortReservation PortReservation::reserve_once(int port) {
   PortReservation r;
   // IPv4 wildcard first: that is where the kernel picks the port number.
   r.fd4_ = reusable_socket(AF_INET);
@@ -53,19 +83,26 @@ PortReservation PortReservation::reserve(int port) {
       r.fd6_ = -1;
     }
   }
+  r.lock_fd_ = lock_port(r.port_);
+  if (r.lock_fd_ == -1) r.release();  // held by another run; the caller decides
+  else if (r.lock_fd_ == -2) r.lock_fd_ = -3;  // unlockable: not -1, so the socket alone counts
   return r;
 }
 
 PortReservation::~PortReservation() { release(); }
 
 PortReservation::PortReservation(PortReservation&& o) noexcept
-    : fd4_(std::exchange(o.fd4_, -1)), fd6_(std::exchange(o.fd6_, -1)), port_(std::exchange(o.port_, 0)) {}
+    : fd4_(std::exchange(o.fd4_, -1)),
+      fd6_(std::exchange(o.fd6_, -1)),
+      lock_fd_(std::exchange(o.lock_fd_, -1)),
+      port_(std::exchange(o.port_, 0)) {}
 
 PortReservation& PortReservation::operator=(PortReservation&& o) noexcept {
   if (this != &o) {
     release();
     fd4_ = std::exchange(o.fd4_, -1);
     fd6_ = std::exchange(o.fd6_, -1);
+    lock_fd_ = std::exchange(o.lock_fd_, -1);
     port_ = std::exchange(o.port_, 0);
   }
   return *this;
@@ -74,7 +111,8 @@ PortReservation& PortReservation::operator=(PortReservation&& o) noexcept {
 void PortReservation::release() noexcept {
   if (fd4_ >= 0) ::close(fd4_);
   if (fd6_ >= 0) ::close(fd6_);
-  fd4_ = fd6_ = -1;
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+  fd4_ = fd6_ = lock_fd_ = -1;
 }
 
 }  // namespace airhost::detail

@@ -12,6 +12,9 @@ namespace airhost::detail {
 //    connection while a socket is bound to it, so concurrent launches cannot collide;
 //  - rank 0's TCPStore also sets SO_REUSEADDR, and Linux lets a second SO_REUSEADDR
 //    socket bind and listen on a port whose other sockets are not listening.
+// That same leniency would let two airhost runs given one explicit --master-port both
+// "reserve" it, so each reservation also holds an flock on /tmp/airhost-ports/PORT.lock,
+// which another airhost on this machine, of any user, cannot take while the run lives.
 class PortReservation {
  public:
   PortReservation() = default;
@@ -27,8 +30,10 @@ class PortReservation {
   void release() noexcept;
 
  private:
+  static PortReservation reserve_once(int port);
   int fd4_ = -1;
   int fd6_ = -1;
+  int lock_fd_ = -1;
   int port_ = 0;
 };
 

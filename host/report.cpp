@@ -60,10 +60,11 @@ std::string log_tail(const std::string& path, std::size_t lines) {
   const std::streamoff start = size > 8192 ? size - 8192 : 0;
   in.seekg(start);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::size_t pos = text.size();
-  if (pos && text[pos - 1] == '\n') --pos;
-  for (std::size_t n = 0; n < lines && pos != std::string::npos && pos > 0; ++n) pos = text.rfind('\n', pos - 1);
-  return pos == std::string::npos ? text : text.substr(pos + 1);
+  std::size_t end = text.size();
+  if (end && text[end - 1] == '\n') --end;  // the final newline ends the last line, it starts none
+  std::size_t begin = end, seen = 0;
+  while (begin > 0 && !(text[begin - 1] == '\n' && ++seen == lines)) --begin;
+  return text.substr(begin);
 }
 
 std::string number(double v) {

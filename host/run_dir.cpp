@@ -53,6 +53,8 @@ void mkdir_p(const std::string& path) {
 }
 }  // namespace
 
+void make_dirs(const std::string& path) { mkdir_p(path); }
+
 void create_run_dir(const std::string& path) {
   mkdir_p(path);
   mkdir_p(path + "/logs");

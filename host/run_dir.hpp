@@ -12,6 +12,9 @@ std::string make_run_id();
 // std::system_error naming the path when it cannot.
 void create_run_dir(const std::string& path);
 
+// Creates `path` and its parents, mode 0700 for what it creates.
+void make_dirs(const std::string& path);
+
 // Writes `data` to `path` (0600) via a temporary file and rename, so readers never see half.
 void write_file_atomic(const std::string& path, const std::string& data);
 

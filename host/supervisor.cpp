@@ -66,6 +66,7 @@ struct Supervisor::Impl {
   bool finishing = false;
 
   bool tearing_down = false;
+  double teardown_started_at = std::numeric_limits<double>::infinity();
   Outcome teardown_reason = Outcome::succeeded;
   int teardown_signal = 0;
   int interrupt_signal = 0;
@@ -212,8 +213,11 @@ struct Supervisor::Impl {
     ::kill(-r.report.pid, SIGKILL);
 
     const bool ok = sig == 0 && status == 0;
+    // A rank that raised before the teardown began is a failure even if our signal is what
+    // finally ended it (slow atexit handlers): it may well be the root cause.
+    const bool raised_first = r.report.error && r.report.error->time <= teardown_started_at;
     if (ok) r.report.state = RankState::succeeded;
-    else if (r.signalled) r.report.state = RankState::stopped;
+    else if (r.signalled && !raised_first) r.report.state = RankState::stopped;
     else r.report.state = RankState::failed;
 
     if (plan.callbacks->on_rank_event)
@@ -248,6 +252,7 @@ struct Supervisor::Impl {
       return;
     }
     tearing_down = true;
+    teardown_started_at = now_seconds();
     teardown_reason = reason;
     teardown_signal = sig;
     if (reason == Outcome::interrupted) interrupt_signal = sig;
@@ -322,11 +327,18 @@ struct Supervisor::Impl {
       for (auto& r : rep.ranks)
         if (r.rank == rep.root_cause) root = &r;
       if (root) {
-        rep.exit_code = root->term_signal ? exit_code_for_signal(root->term_signal) : root->exit_code;
+        // A rank that raised but was ended by our own teardown signal (its interpreter was
+        // still shutting down) exits as python does for an unhandled exception: 1.
+        const bool our_signal = root->term_signal && root->error && ranks[root->local_rank]->signalled;
+        rep.exit_code = our_signal ? 1 : root->term_signal ? exit_code_for_signal(root->term_signal) : root->exit_code;
         rep.message = run + " failed: rank " + std::to_string(root->rank) +
-                      (root->term_signal ? " was killed by " + signal_name(root->term_signal)
-                                         : " exited with code " + std::to_string(root->exit_code));
-        if (root->error) rep.message += " (" + root->error->type + ": " + root->error->message.substr(0, 200) + ")";
+                      (our_signal ? " raised an exception (the teardown ended it while it shut down)"
+                       : root->term_signal ? " was killed by " + signal_name(root->term_signal)
+                                           : " exited with code " + std::to_string(root->exit_code));
+        if (root->error) {
+          const auto& m = root->error->message;
+          rep.message += " (" + root->error->type + ": " + m.substr(0, std::min(m.find('\n'), std::size_t{200})) + ")";
+        }
       } else {
         rep.exit_code = to_int(ExitCode::generic_failure);
         rep.message = run + " failed";

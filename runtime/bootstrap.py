@@ -100,6 +100,8 @@ def _load_module_function(module_name, function):
 
     sys.path.insert(0, os.getcwd())  # as `python -m` would
     module = importlib.import_module(module_name)
+    if getattr(module, "__file__", None):
+        sys.argv[0] = module.__file__  # what `python -m` leaves there too
     return _attribute(module, function, module_name)
 
 
@@ -159,8 +161,10 @@ def run_function(kind, target, function, result_format="pickle"):
         return 1
     except BaseException:
         exc_type, exc, tb = sys.exc_info()
-        # Drop this frame from what the user sees: the traceback starts in their code.
-        tb = tb.tb_next or tb
+        # Drop our frames and importlib's from what the user sees: the traceback starts in
+        # their code.
+        while tb.tb_next and tb.tb_frame.f_code.co_filename.startswith(("<airhost bootstrap>", "<frozen importlib")):
+            tb = tb.tb_next
         exc.__traceback__ = tb
         sys.excepthook(exc_type, exc, tb)
         return 1

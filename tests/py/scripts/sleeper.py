@@ -1,0 +1,23 @@
+"""Every rank prints "rank R ready", then sleeps (for timeouts and signals to the host).
+
+    sleeper.py [--ignore-int] [--ignore-term] [--sleep SECONDS]"""
+import argparse
+import signal
+import time
+
+from emit import RANK, say
+
+p = argparse.ArgumentParser()
+p.add_argument("--ignore-int", action="store_true")
+p.add_argument("--ignore-term", action="store_true")
+p.add_argument("--ignore-term-on", type=int, default=None, help="ignore SIGTERM on this rank only")
+p.add_argument("--sleep", type=float, default=60)
+a = p.parse_args()
+
+if a.ignore_int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+if a.ignore_term or a.ignore_term_on == RANK:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+say(f"rank {RANK} ready")
+time.sleep(a.sleep)
+say(f"rank {RANK} woke up")
