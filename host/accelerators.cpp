@@ -447,3 +447,185 @@ std::optional<std::string> gpu_model_of(const std::vector<AcceleratorType>& type
 }
 
 }  // namespace airhost::detail
+
+// --- Topology, for `airhost doctor` -------------------------------------------------------
+
+namespace airhost::detail {
+
+namespace {
+
+// More of nvml.h: what `nvidia-smi topo -m` is made of.
+struct nvmlPciInfo_t {
+  char busIdLegacy[16];
+  unsigned domain;
+  unsigned bus;
+  unsigned device;
+  unsigned pciDeviceId;
+  unsigned pciSubSystemId;
+  char busId[32];  // NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE
+};
+constexpr int NVML_P2P_CAPS_INDEX_NVLINK = 2;  // nvmlGpuP2PCapsIndex_t
+constexpr int NVML_P2P_STATUS_OK = 0;          // nvmlGpuP2PStatus_t
+constexpr int NVML_FEATURE_ENABLED = 1;        // nvmlEnableState_t
+constexpr unsigned NVML_NVLINK_MAX_LINKS = 18;
+// nvmlGpuTopologyLevel_t
+constexpr int NVML_TOPOLOGY_INTERNAL = 0;
+constexpr int NVML_TOPOLOGY_SINGLE = 10;
+constexpr int NVML_TOPOLOGY_MULTIPLE = 20;
+constexpr int NVML_TOPOLOGY_HOSTBRIDGE = 30;
+constexpr int NVML_TOPOLOGY_NODE = 40;
+constexpr int NVML_TOPOLOGY_SYSTEM = 50;
+
+struct NvmlTopologyCalls {
+  nvmlReturn_t (*cuda_driver_version)(int*) = nullptr;
+  nvmlReturn_t (*pci_info)(nvmlDevice_t, nvmlPciInfo_t*) = nullptr;
+  nvmlReturn_t (*p2p_status)(nvmlDevice_t, nvmlDevice_t, int, int*) = nullptr;
+  nvmlReturn_t (*nvlink_state)(nvmlDevice_t, unsigned, int*) = nullptr;
+  nvmlReturn_t (*nvlink_remote_pci)(nvmlDevice_t, unsigned, nvmlPciInfo_t*) = nullptr;
+  nvmlReturn_t (*common_ancestor)(nvmlDevice_t, nvmlDevice_t, int*) = nullptr;
+};
+
+const char* pcie_label(int level) {
+  switch (level) {
+    case NVML_TOPOLOGY_INTERNAL:  // the same board
+    case NVML_TOPOLOGY_SINGLE: return "PIX";
+    case NVML_TOPOLOGY_MULTIPLE: return "PXB";
+    case NVML_TOPOLOGY_HOSTBRIDGE: return "PHB";
+    case NVML_TOPOLOGY_NODE: return "NODE";
+    case NVML_TOPOLOGY_SYSTEM: return "SYS";
+    default: return "?";
+  }
+}
+
+// "00000000:3B:00.0" and "0000:3b:00.0" name the same device: compare domain, bus, device
+// and function as numbers.
+bool same_pci_device(const std::string& a, const std::string& b) {
+  auto parse = [](const std::string& s, unsigned long out[4]) {
+    unsigned n = 0;
+    const char* p = s.c_str();
+    while (n < 4 && *p) {
+      char* end = nullptr;
+      out[n++] = std::strtoul(p, &end, 16);
+      if (end == p) return false;
+      p = end;
+      if (*p == ':' || *p == '.') ++p;
+    }
+    return n == 4;
+  };
+  unsigned long x[4], y[4];
+  return parse(a, x) && parse(b, y) && std::equal(x, x + 4, y);
+}
+
+}  // namespace
+
+std::string cuda_version_string(int version) {
+  if (version <= 0) return "";
+  return std::to_string(version / 1000) + "." + std::to_string((version % 1000) / 10);
+}
+
+GpuTopology detect_topology(const AcceleratorInventory& inv) {
+  GpuTopology topo;
+  const size_t n = inv.gpus.size();
+  topo.pci_bus_ids.assign(n, "");
+  topo.links.assign(n, std::vector<std::string>(n, "?"));
+  topo.nvlinks.assign(n, std::vector<int>(n, 0));
+  for (size_t i = 0; i < n; ++i) topo.links[i][i] = "X";
+
+  const char* from_env = std::getenv("AIRHOST_NVML_LIBRARY");
+  const char* library = from_env && *from_env ? from_env : kDefaultNvml;
+  Nvml nvml;
+  nvml.lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+  if (!nvml.lib) {
+    const char* why = dlerror();
+    topo.error = std::string(library) + " could not be loaded: " + (why ? why : "unknown error");
+    return topo;
+  }
+  resolve(nvml.lib, "nvmlErrorString", nvml.error_string);
+  if (!resolve(nvml.lib, "nvmlInit_v2", nvml.init) ||
+      !resolve(nvml.lib, "nvmlShutdown", nvml.shutdown) ||
+      !resolve(nvml.lib, "nvmlDeviceGetHandleByIndex_v2", nvml.get_handle)) {
+    topo.error = std::string(library) + " lacks the NVML device calls";
+    return topo;
+  }
+  NvmlTopologyCalls calls;
+  resolve(nvml.lib, "nvmlSystemGetCudaDriverVersion_v2", calls.cuda_driver_version);
+  resolve(nvml.lib, "nvmlDeviceGetPciInfo_v3", calls.pci_info);
+  resolve(nvml.lib, "nvmlDeviceGetP2PStatus", calls.p2p_status);
+  resolve(nvml.lib, "nvmlDeviceGetNvLinkState", calls.nvlink_state);
+  resolve(nvml.lib, "nvmlDeviceGetNvLinkRemotePciInfo_v2", calls.nvlink_remote_pci);
+  resolve(nvml.lib, "nvmlDeviceGetTopologyCommonAncestor", calls.common_ancestor);
+
+  nvmlReturn_t rc = nvml.init();
+  if (rc != NVML_SUCCESS) {
+    topo.error = "NVML did not start: " + nvml.describe(rc);
+    return topo;
+  }
+  nvml.initialized = true;
+
+  int cuda_version = 0;
+  if (calls.cuda_driver_version && calls.cuda_driver_version(&cuda_version) == NVML_SUCCESS) {
+    topo.cuda_driver_version = cuda_version_string(cuda_version);
+  }
+
+  std::vector<nvmlDevice_t> handles(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    if (nvml.get_handle(static_cast<unsigned>(inv.gpus[i].index), &handles[i]) != NVML_SUCCESS) {
+      handles[i] = nullptr;
+      continue;
+    }
+    nvmlPciInfo_t pci{};
+    if (calls.pci_info && calls.pci_info(handles[i], &pci) == NVML_SUCCESS) {
+      topo.pci_bus_ids[i] = std::string(pci.busId, strnlen(pci.busId, sizeof pci.busId));
+    }
+  }
+
+  // Each GPU's active links, and the PCI address at the other end of each when NVML says.
+  std::vector<int> active(n, 0);
+  std::vector<std::vector<std::string>> remote(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!handles[i] || !calls.nvlink_state) continue;
+    for (unsigned link = 0; link < NVML_NVLINK_MAX_LINKS; ++link) {
+      int state = 0;
+      if (calls.nvlink_state(handles[i], link, &state) != NVML_SUCCESS ||
+          state != NVML_FEATURE_ENABLED) {
+        continue;
+      }
+      ++active[i];
+      nvmlPciInfo_t pci{};
+      if (calls.nvlink_remote_pci && calls.nvlink_remote_pci(handles[i], link, &pci) == NVML_SUCCESS) {
+        remote[i].emplace_back(pci.busId, strnlen(pci.busId, sizeof pci.busId));
+      }
+    }
+  }
+
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t j = 0; j < n; ++j) {
+      if (i == j || !handles[i] || !handles[j]) continue;
+      int p2p = -1;
+      const bool nvlink = calls.p2p_status &&
+                          calls.p2p_status(handles[i], handles[j], NVML_P2P_CAPS_INDEX_NVLINK,
+                                           &p2p) == NVML_SUCCESS &&
+                          p2p == NVML_P2P_STATUS_OK;
+      if (nvlink) {
+        // Links that end at GPU j itself; none means they end at an NVSwitch, through which
+        // every link of the pair reaches the peer (nvidia-smi shows NV18 on an HGX H100).
+        int direct = 0;
+        if (!topo.pci_bus_ids[j].empty()) {
+          for (const auto& r : remote[i]) direct += same_pci_device(r, topo.pci_bus_ids[j]) ? 1 : 0;
+        }
+        const int count = direct > 0 ? direct : std::min(active[i], active[j]);
+        topo.nvlinks[i][j] = count;
+        topo.links[i][j] = count > 0 ? "NV" + std::to_string(count) : "NV?";
+        continue;
+      }
+      int level = -1;
+      if (calls.common_ancestor &&
+          calls.common_ancestor(handles[i], handles[j], &level) == NVML_SUCCESS) {
+        topo.links[i][j] = pcie_label(level);
+      }
+    }
+  }
+  return topo;
+}
+
+}  // namespace airhost::detail

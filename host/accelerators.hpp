@@ -54,3 +54,28 @@ std::optional<std::string> gpu_model_of(const std::vector<AcceleratorType>& type
                                         const std::string& nvml_name);
 
 }  // namespace airhost::detail
+
+namespace airhost::detail {
+
+// What NVML says about how the visible GPUs connect, for `airhost doctor`. Every field is
+// best effort: a driver too old for a call leaves that part empty or "?", never an error.
+struct GpuTopology {
+  std::string cuda_driver_version;      // "12.4": nvmlSystemGetCudaDriverVersion_v2; "" unknown
+  std::vector<std::string> pci_bus_ids;  // per inv.gpus entry: "00000000:3B:00.0"; "" unknown
+  // [i][j] over inv.gpus, as `nvidia-smi topo -m` prints it: "X" on the diagonal, "NV<n>"
+  // for n bonded NVLinks, else PIX, PXB, PHB, NODE or SYS (the PCIe path), "?" if unknown.
+  std::vector<std::vector<std::string>> links;
+  std::vector<std::vector<int>> nvlinks;  // [i][j]: the NVLinks in links[i][j], 0 without
+  std::string error;                      // why NVML could not be asked, "" when it could
+};
+
+// Opens NVML again ($AIRHOST_NVML_LIBRARY or libnvidia-ml.so.1) and reads the topology of
+// `inv.gpus`: P2P status over NVLink (nvmlDeviceGetP2PStatus), active links
+// (nvmlDeviceGetNvLinkState; a link to an NVSwitch counts for every peer, as in nvidia-smi)
+// and the closest common PCIe ancestor (nvmlDeviceGetTopologyCommonAncestor). Never throws.
+GpuTopology detect_topology(const AcceleratorInventory& inv);
+
+// "12.4" from a CUDA version number as NVML and the CUDA runtime give it (12040).
+std::string cuda_version_string(int version);
+
+}  // namespace airhost::detail

@@ -435,7 +435,8 @@ Exit status:
   1        a failure not caused by a rank (e.g. a rank could not be started)
   2        bad command line, config file or launch settings; nothing was started
   3        airhost doctor: no usable GPU on this node
-  4        --preflight checks failed; nothing was started
+  4        --preflight checks failed, nothing was started; or airhost doctor: a GPU
+           check failed (CUDA runtime, NCCL, memory)
   124      the run reached its --timeout
   129      airhost got SIGHUP
   130/143  airhost was interrupted (SIGINT, Ctrl-C) / terminated (SIGTERM)

@@ -9,6 +9,7 @@
 #include "accelerators.hpp"
 #include "airhost/airhost.hpp"
 #include "cli.hpp"
+#include "doctor.hpp"
 #include "report_format.hpp"
 #include "run_dir.hpp"
 #include "util.hpp"
@@ -70,6 +71,21 @@ std::vector<std::string> preflight(const LaunchSpec& spec) {
   }
   for (const auto& g : inv.gpus)
     if (g.memory_total == 0) problems.push_back("GPU " + std::to_string(g.index) + " reports no memory");
+  // The GPUs themselves: CUDA, memory, an NCCL all-reduce (`airhost doctor`, shortened). In a
+  // child process, so that no CUDA context stays in this one and a hung NCCL cannot hang it.
+  if (!spec.devices.empty()) {
+    DoctorOptions quick;
+    quick.quick = true;
+    const DoctorOutcome check = run_doctor_in_child(quick, 180, spec.devices);
+    if (check.exit_code != 0 && check.library_missing) {
+      // torch may bring its own CUDA runtime and NCCL where airhost did not look.
+      for (const auto& p : check.problems)
+        std::fprintf(stderr, "airhost: preflight: warning: GPU check skipped: %s\n", p.c_str());
+    } else if (check.exit_code != 0) {
+      for (const auto& p : check.problems) problems.push_back("GPU check: " + p);
+      if (check.problems.empty()) problems.push_back("GPU check: " + check.summary);
+    }
+  }
   // The interpreter must start and see torch: that is what every rank will do first.
   const std::string python = spec.python.empty() ? "python3" : spec.python;
   const std::string cmd = "'" + python + "' -c 'import torch' 2>&1";
@@ -154,26 +170,9 @@ int main(int argc, char** argv) {
 namespace {
 
 int doctor(const HostOptions& opts) {
-  const auto inv = detect_accelerators();
-  if (opts.json) {
-    std::printf("{\"nvml_loaded\": %s, \"nvml_error\": \"%s\", \"driver_version\": \"%s\", \"gpus\": [",
-                inv.nvml_loaded ? "true" : "false", json_escape(inv.nvml_error).c_str(),
-                json_escape(inv.driver_version).c_str());
-    for (std::size_t i = 0; i < inv.gpus.size(); ++i) {
-      const auto& g = inv.gpus[i];
-      std::printf("%s{\"index\": %d, \"name\": \"%s\", \"uuid\": \"%s\", \"memory_total\": %llu}", i ? ", " : "",
-                  g.index, json_escape(g.name).c_str(), json_escape(g.uuid).c_str(), g.memory_total);
-    }
-    std::printf("]}\n");
-  } else if (inv.gpus.empty()) {
-    std::printf("No NVIDIA GPU is usable on this node: %s\nairhost runs CPU ranks here (gloo backend).\n",
-                inv.nvml_error.empty() ? "NVML reports no visible device" : inv.nvml_error.c_str());
-  } else {
-    std::printf("NVIDIA driver %s, %zu GPU(s) visible:\n", inv.driver_version.c_str(), inv.gpus.size());
-    for (const auto& g : inv.gpus)
-      std::printf("  [%d] %s  %.1f GiB  %s\n", g.index, g.name.c_str(), g.memory_total / 1073741824.0, g.uuid.c_str());
-  }
-  return inv.gpus.empty() ? to_int(ExitCode::no_accelerator) : 0;
+  const DoctorReport report = run_doctor({});
+  std::fputs((opts.json ? doctor_json(report) : doctor_text(report)).c_str(), stdout);
+  return report.exit_code;
 }
 
 }  // namespace

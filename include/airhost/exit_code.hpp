@@ -11,7 +11,7 @@ enum class ExitCode : int {
   generic_failure = 1,  // a failure airhost cannot attribute to a rank code (e.g. spawn failed)
   usage = 2,            // bad command line, config file or launch spec; nothing was started
   no_accelerator = 3,   // `airhost doctor`: the node has no usable GPU
-  preflight_failed = 4, // `--preflight` checks refused the node
+  preflight_failed = 4, // `--preflight` refused the node, or `airhost doctor` found a failing check
   timeout = 124,        // the run outlived its timeout (same code as coreutils `timeout`)
   hangup = 129,         // host got SIGHUP (128 + 1)
   interrupted = 130,    // host got SIGINT / Ctrl-C, or a cancel() (128 + 2)

@@ -9,6 +9,17 @@
 //   AIRHOST_FAKE_NVML_FAIL=1
 //       nvmlInit_v2 fails with NVML_ERROR_DRIVER_NOT_LOADED, as on a node whose driver
 //       is installed but not running.
+//   AIRHOST_FAKE_NVML_TOPOLOGY="X,NV4,SYS;NV4,X,PIX;SYS,PIX,X"
+//       How the GPUs connect, one row per GPU as `nvidia-smi topo -m` prints it: NV<n> for
+//       n NVLinks between the pair (P2P over NVLink OK, n active links), else PIX, PXB,
+//       PHB, NODE or SYS (the PCIe common ancestor). Unset: every pair is PHB. The links of
+//       a GPU go, in order, to each NV peer of its row, and report that peer's PCI address.
+//   AIRHOST_FAKE_NVML_NVSWITCH=1
+//       NVLinks end at an NVSwitch instead (as on an HGX board): each GPU has as many
+//       active links as the largest NV<n> of its row, all reporting the switch's address.
+//   AIRHOST_FAKE_NVML_CUDA_VERSION=12040
+//       What nvmlSystemGetCudaDriverVersion_v2 reports (default 12040, i.e. CUDA 12.4).
+//   PCI bus IDs are "00000000:<index + 1 in hex>:00.0" (the fake CUDA runtime agrees).
 //
 // Only the NVML calls airhost makes are here, with NVML's C signatures and return codes.
 // The environment is read at each nvmlInit_v2, so one test process can change the fake
@@ -36,6 +47,24 @@ struct FakeGpu {
 
 FakeGpu g_gpus[kMaxGpus];
 unsigned g_count = 0;
+
+// nvmlGpuTopologyLevel_t, and the fake's topology matrix.
+constexpr int NVML_ERROR_NOT_SUPPORTED = 3;
+constexpr int NVML_TOPOLOGY_SINGLE = 10;
+constexpr int NVML_TOPOLOGY_MULTIPLE = 20;
+constexpr int NVML_TOPOLOGY_HOSTBRIDGE = 30;
+constexpr int NVML_TOPOLOGY_NODE = 40;
+constexpr int NVML_TOPOLOGY_SYSTEM = 50;
+constexpr int NVML_P2P_STATUS_OK = 0;
+constexpr int NVML_P2P_STATUS_NOT_SUPPORTED = 5;
+constexpr unsigned NVML_NVLINK_MAX_LINKS = 18;
+
+struct FakeLink {
+  int level = NVML_TOPOLOGY_HOSTBRIDGE;  // PCIe common ancestor
+  int nvlinks = 0;                       // NVLinks between the pair
+};
+FakeLink g_topo[kMaxGpus][kMaxGpus];
+bool g_nvswitch = false;
 int g_init_refs = 0;  // NVML counts nvmlInit calls; nvmlShutdown undoes one.
 
 struct nvmlMemory_t {
@@ -101,6 +130,85 @@ bool load_gpus() {
   }
 }
 
+// AIRHOST_FAKE_NVML_TOPOLOGY: "X,NV4;NV4,X" (rows ';', cells ',').
+bool load_topology() {
+  for (auto& row : g_topo)
+    for (auto& cell : row) cell = FakeLink{};
+  const char* nvswitch = std::getenv("AIRHOST_FAKE_NVML_NVSWITCH");
+  g_nvswitch = nvswitch && std::strcmp(nvswitch, "1") == 0;
+  const char* spec = std::getenv("AIRHOST_FAKE_NVML_TOPOLOGY");
+  if (!spec || !*spec) return true;
+  unsigned row = 0, col = 0;
+  const char* p = spec;
+  while (true) {
+    size_t len = std::strcspn(p, ",;");
+    char cell[16] = {};
+    if (len == 0 || len >= sizeof cell || row >= g_count || col >= g_count) {
+      std::fprintf(stderr, "fake NVML: AIRHOST_FAKE_NVML_TOPOLOGY '%s' is not a %u x %u matrix "
+                   "of X, NV<n>, PIX, PXB, PHB, NODE, SYS\n", spec, g_count, g_count);
+      return false;
+    }
+    std::memcpy(cell, p, len);
+    FakeLink& link = g_topo[row][col];
+    if (std::strncmp(cell, "NV", 2) == 0) {
+      link.nvlinks = std::atoi(cell + 2);
+      link.level = NVML_TOPOLOGY_NODE;
+    } else if (std::strcmp(cell, "PIX") == 0) {
+      link.level = NVML_TOPOLOGY_SINGLE;
+    } else if (std::strcmp(cell, "PXB") == 0) {
+      link.level = NVML_TOPOLOGY_MULTIPLE;
+    } else if (std::strcmp(cell, "PHB") == 0) {
+      link.level = NVML_TOPOLOGY_HOSTBRIDGE;
+    } else if (std::strcmp(cell, "NODE") == 0) {
+      link.level = NVML_TOPOLOGY_NODE;
+    } else if (std::strcmp(cell, "SYS") == 0) {
+      link.level = NVML_TOPOLOGY_SYSTEM;
+    } else if (std::strcmp(cell, "X") != 0) {
+      std::fprintf(stderr, "fake NVML: AIRHOST_FAKE_NVML_TOPOLOGY cell '%s' is not X, NV<n>, "
+                   "PIX, PXB, PHB, NODE or SYS\n", cell);
+      return false;
+    }
+    p += len;
+    if (*p == ',') {
+      ++col;
+    } else {
+      if (col + 1 != g_count) {
+        std::fprintf(stderr, "fake NVML: AIRHOST_FAKE_NVML_TOPOLOGY row %u has %u cells, not %u\n",
+                     row, col + 1, g_count);
+        return false;
+      }
+      ++row;
+      col = 0;
+      if (*p == '\0') break;
+    }
+    ++p;
+  }
+  if (row != g_count) {
+    std::fprintf(stderr, "fake NVML: AIRHOST_FAKE_NVML_TOPOLOGY has %u rows, not %u\n", row, g_count);
+    return false;
+  }
+  return true;
+}
+
+void fake_bus_id(unsigned index, char* out, size_t size) {
+  std::snprintf(out, size, "00000000:%02X:00.0", index + 1);
+}
+
+// The peer at the end of a GPU's link `link`: a GPU index, kMaxGpus for the NVSwitch, or -1
+// for a link that is not there.
+int link_peer(unsigned gpu, unsigned link) {
+  unsigned first = 0;
+  int widest = 0;
+  for (unsigned peer = 0; peer < g_count; ++peer) {
+    int n = peer == gpu ? 0 : g_topo[gpu][peer].nvlinks;
+    if (n > widest) widest = n;
+    if (!g_nvswitch && link < first + static_cast<unsigned>(n)) return static_cast<int>(peer);
+    first += static_cast<unsigned>(n);
+  }
+  if (g_nvswitch && link < static_cast<unsigned>(widest)) return kMaxGpus;
+  return -1;
+}
+
 int copy_out(const char* text, char* out, unsigned length) {
   if (!out) return NVML_ERROR_INVALID_ARGUMENT;
   size_t n = std::strlen(text);
@@ -122,7 +230,7 @@ FakeGpu* gpu_of(void* device) {
 FAKE_NVML_API int nvmlInit_v2() {
   const char* fail = std::getenv("AIRHOST_FAKE_NVML_FAIL");
   if (fail && std::strcmp(fail, "1") == 0) return NVML_ERROR_DRIVER_NOT_LOADED;
-  if (g_init_refs == 0 && !load_gpus()) return NVML_ERROR_UNKNOWN;
+  if (g_init_refs == 0 && (!load_gpus() || !load_topology())) return NVML_ERROR_UNKNOWN;
   ++g_init_refs;
   return NVML_SUCCESS;
 }
@@ -174,11 +282,86 @@ FAKE_NVML_API int nvmlSystemGetDriverVersion(char* version, unsigned length) {
   return copy_out("0.0.0-airhost-fake-nvml", version, length);
 }
 
+// nvmlPciInfo_t of nvml.h (the _v3 call's layout).
+struct nvmlPciInfo_t {
+  char busIdLegacy[16];
+  unsigned domain;
+  unsigned bus;
+  unsigned device;
+  unsigned pciDeviceId;
+  unsigned pciSubSystemId;
+  char busId[32];
+};
+
+FAKE_NVML_API int nvmlSystemGetCudaDriverVersion_v2(int* version) {
+  if (g_init_refs == 0) return NVML_ERROR_UNINITIALIZED;
+  if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+  const char* v = std::getenv("AIRHOST_FAKE_NVML_CUDA_VERSION");
+  *version = v && *v ? std::atoi(v) : 12040;
+  return NVML_SUCCESS;
+}
+
+FAKE_NVML_API int nvmlDeviceGetPciInfo_v3(void* device, nvmlPciInfo_t* pci) {
+  if (g_init_refs == 0) return NVML_ERROR_UNINITIALIZED;
+  FakeGpu* gpu = gpu_of(device);
+  if (!gpu || !pci) return NVML_ERROR_INVALID_ARGUMENT;
+  std::memset(pci, 0, sizeof *pci);
+  const unsigned index = static_cast<unsigned>(gpu - g_gpus);
+  pci->bus = index + 1;
+  fake_bus_id(index, pci->busId, sizeof pci->busId);
+  std::snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "0000:%02X:00.0", index + 1);
+  return NVML_SUCCESS;
+}
+
+FAKE_NVML_API int nvmlDeviceGetTopologyCommonAncestor(void* device1, void* device2, int* level) {
+  if (g_init_refs == 0) return NVML_ERROR_UNINITIALIZED;
+  FakeGpu* a = gpu_of(device1);
+  FakeGpu* b = gpu_of(device2);
+  if (!a || !b || !level) return NVML_ERROR_INVALID_ARGUMENT;
+  *level = g_topo[a - g_gpus][b - g_gpus].level;
+  return NVML_SUCCESS;
+}
+
+FAKE_NVML_API int nvmlDeviceGetP2PStatus(void* device1, void* device2, int caps_index, int* status) {
+  if (g_init_refs == 0) return NVML_ERROR_UNINITIALIZED;
+  FakeGpu* a = gpu_of(device1);
+  FakeGpu* b = gpu_of(device2);
+  if (!a || !b || !status || caps_index < 0 || caps_index > 4) return NVML_ERROR_INVALID_ARGUMENT;
+  const bool nvlink = a != b && g_topo[a - g_gpus][b - g_gpus].nvlinks > 0;
+  // Index 2 is NVML_P2P_CAPS_INDEX_NVLINK; the others (read, write, atomics, PCI) are OK.
+  *status = caps_index != 2 || nvlink ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
+  return NVML_SUCCESS;
+}
+
+FAKE_NVML_API int nvmlDeviceGetNvLinkState(void* device, unsigned link, int* is_active) {
+  if (g_init_refs == 0) return NVML_ERROR_UNINITIALIZED;
+  FakeGpu* gpu = gpu_of(device);
+  if (!gpu || !is_active || link >= NVML_NVLINK_MAX_LINKS) return NVML_ERROR_INVALID_ARGUMENT;
+  *is_active = link_peer(static_cast<unsigned>(gpu - g_gpus), link) >= 0 ? 1 : 0;
+  return NVML_SUCCESS;
+}
+
+FAKE_NVML_API int nvmlDeviceGetNvLinkRemotePciInfo_v2(void* device, unsigned link, nvmlPciInfo_t* pci) {
+  if (g_init_refs == 0) return NVML_ERROR_UNINITIALIZED;
+  FakeGpu* gpu = gpu_of(device);
+  if (!gpu || !pci || link >= NVML_NVLINK_MAX_LINKS) return NVML_ERROR_INVALID_ARGUMENT;
+  const int peer = link_peer(static_cast<unsigned>(gpu - g_gpus), link);
+  if (peer < 0) return NVML_ERROR_NOT_SUPPORTED;
+  std::memset(pci, 0, sizeof *pci);
+  if (peer == kMaxGpus) {
+    std::snprintf(pci->busId, sizeof pci->busId, "00000000:C0:00.0");  // the NVSwitch
+  } else {
+    fake_bus_id(static_cast<unsigned>(peer), pci->busId, sizeof pci->busId);
+  }
+  return NVML_SUCCESS;
+}
+
 FAKE_NVML_API const char* nvmlErrorString(int result) {
   switch (result) {
     case NVML_SUCCESS: return "Success";
     case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
     case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
     case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
     case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
     default: return "Unknown Error";
