@@ -52,7 +52,7 @@ class _Options:
     ):
         if gpus is not None:
             warnings.warn(
-                "distributed(gpus=...) is deprecated; use num_accelerators=...", FutureWarning, stacklevel=4
+                "distributed(gpus=...) is deprecated; use num_accelerators=...", FutureWarning, stacklevel=3
             )
             if num_accelerators is not None:
                 raise ValueError("give num_accelerators or its legacy name gpus, not both")
@@ -62,7 +62,7 @@ class _Options:
             warnings.warn(
                 "distributed(gpu_type=...) is deprecated; use accelerator_type=AcceleratorType....",
                 FutureWarning,
-                stacklevel=4,
+                stacklevel=3,
             )
             if accelerator_type is not None:
                 raise ValueError("give accelerator_type or its legacy name gpu_type, not both")
@@ -77,7 +77,12 @@ class _Options:
         if self.accelerator_type is not None:
             self.gpu_model = self.accelerator_type.gpu
         if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            if (
+                isinstance(timeout, bool)
+                or not isinstance(timeout, (int, float))
+                or not math.isfinite(timeout)
+                or timeout <= 0
+            ):
                 raise ValueError(f"timeout must be a positive number of seconds, or None to disable it; got {timeout!r}")
         self.timeout = timeout
         self.tracking = bool(tracking)
@@ -194,21 +199,31 @@ class _Launch:
         self.opts = opts
         self.out = out
         self.err = err
-        self.nprocs, candidates = opts.resolve_ranks()
-        payload = _payload(fn, args, kwargs)  # TypeError naming the culprit, before any start
+        self.nprocs, self._candidates = opts.resolve_ranks()
+        self._payload = _payload(fn, args, kwargs)  # TypeError naming the culprit, before any start
         self.lease = None
-        if candidates:
+        self.run = None
+        self.run_dir = None
+
+    def start(self) -> None:
+        """Takes the GPUs (waiting for other runs to free them if need be), creates the run
+        directory and the MLflow run, and starts the ranks."""
+        if self._candidates:
             self.lease = _leases.acquire(
-                candidates, self.nprocs, opts.wait_for_accelerators, lambda m: print(m, file=self._err(), flush=True)
+                self._candidates,
+                self.nprocs,
+                self.opts.wait_for_accelerators,
+                lambda m: print(m, file=self._err(), flush=True),
             )
         try:
+            opts, fn = self.opts, self.fn
             run_id = _native.make_run_id()
             self.run_dir = os.path.join(_native.default_runs_root(), run_id)
             os.makedirs(os.path.join(self.run_dir, "logs"), mode=0o700, exist_ok=True)
             payload_path = os.path.join(self.run_dir, "payload.pkl")
             with open(os.open(payload_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-                f.write(payload)
-            del payload
+                f.write(self._payload)
+            self._payload = None
             self.tracking = Tracking(
                 opts.tracking,
                 getattr(fn, "__name__", "airhost"),
@@ -279,7 +294,11 @@ class _Launch:
         return self._conclude()
 
     def cancel(self, sig=signal.SIGINT):
-        self.run.cancel(sig)
+        self.cancelled = sig
+        if self.run is not None:
+            self.run.cancel(sig)
+
+    cancelled = 0
 
     def _conclude(self, interrupted=False):
         try:
@@ -398,7 +417,9 @@ class DistributedFunction:
 
     def distributed(self, *args, **kwargs) -> List[Any]:
         """Runs the function on every rank; returns the list of return values by global rank."""
-        return _Launch(self.fn, self.options, args, kwargs).wait()
+        launch = _Launch(self.fn, self.options, args, kwargs)
+        launch.start()
+        return launch.wait()
 
     def submit(self, *args, **kwargs) -> RunFuture:
         """Starts the run and returns at once with a Future of the results list: several runs
@@ -410,6 +431,9 @@ class DistributedFunction:
 
         def run():
             try:
+                launch.start()  # may wait for GPUs that other runs hold
+                if launch.cancelled:
+                    launch.run.cancel(launch.cancelled)
                 while not launch.pump(0.2):
                     pass
                 future.set_result(launch._conclude())

@@ -1,0 +1,79 @@
+"""Python API: how a failing run reaches the caller. A rank's exception is a DistributedError
+(a RuntimeError) naming the rank, carrying the remote traceback and the rank's own exception
+as __cause__; a killed rank names its signal; a run past its timeout is a TimeoutError."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "api_scripts"))
+import _helpers  # noqa: E402
+from _fixtures import api_tmp  # noqa: E402,F401
+from _helpers import run_scenario  # noqa: E402
+
+ERRORS = _helpers.script("errors.py")
+
+
+@pytest.mark.timeout(60)
+def test_a_value_error_on_one_rank_is_a_distributed_error_with_the_remote_traceback_and_the_value_error_as_cause(api_tmp):
+    err = run_scenario(api_tmp, "errors.py", "value_error").ok().result
+    assert err["type"] == "DistributedError", err
+    assert "RuntimeError" in err["mro"]
+    assert err["failed_ranks"] == [1]
+    message = err["message"]
+    assert "rank 1" in message and "ValueError: bad learning rate on rank 1" in message, message
+    # The remote traceback names the user's file and the line that raised.
+    line = _helpers.line_of(ERRORS, "RAISE-VALUE-ERROR")
+    assert f'File "{ERRORS}", line {line}, in fails_on_rank_1' in message, message
+    assert "Remote traceback of rank 1" in message
+    assert err["cause_type"] == "ValueError"
+    assert err["cause_args"] == [repr("bad learning rate on rank 1")]
+    assert err["run_dir"] and Path(err["run_dir"]).parent == _helpers.runs_dir(api_tmp)
+    assert err["ranks_left"] == []
+
+
+@pytest.mark.timeout(60)
+def test_an_exception_class_defined_in_main_is_rebuilt_as_that_class_with_its_state(api_tmp):
+    err = run_scenario(api_tmp, "errors.py", "custom_error").ok().result
+    assert err["type"] == "DistributedError", err
+    assert err["failed_ranks"] == [1]
+    assert "TrainingDiverged" in err["message"]
+    assert f"line {_helpers.line_of(ERRORS, 'RAISE-CUSTOM')}" in err["message"]
+    assert err["cause_type"] == "TrainingDiverged"
+    assert err["cause_is_main_class"] is True, "the cause is not an instance of the caller's class"
+    assert err["cause_state"] == [float("inf"), 42]
+    assert err["cause_args"] == [repr("the loss diverged")]
+
+
+@pytest.mark.timeout(60)
+def test_an_exception_python_cannot_unpickle_still_gives_its_type_message_and_traceback_without_a_cause(api_tmp):
+    err = run_scenario(api_tmp, "errors.py", "unrebuildable").ok().result
+    assert err["type"] == "DistributedError", err
+    assert err["failed_ranks"] == [0]
+    assert "Unrebuildable: loss nan at step 7" in err["message"], err["message"]
+    assert f"line {_helpers.line_of(ERRORS, 'RAISE-UNREBUILDABLE')}" in err["message"]
+    assert err["cause_type"] is None
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_killed_by_sigkill_is_a_distributed_error_naming_the_rank_and_the_signal(api_tmp):
+    err = run_scenario(api_tmp, "errors.py", "sigkill").ok().result
+    assert err["type"] == "DistributedError", err
+    assert 1 in err["failed_ranks"]
+    assert "rank 1" in err["message"] and "SIGKILL" in err["message"], err["message"]
+    assert err["ranks_left"] == []
+    # Rank 0 slept for 30 s: the run stopped it rather than waiting for it.
+    assert err["seconds"] < 25, err
+
+
+@pytest.mark.timeout(60)
+def test_timeout_of_two_seconds_stops_a_sleeping_run_with_a_timeout_error_within_a_few_seconds(api_tmp):
+    caller = run_scenario(api_tmp, "errors.py", "timeout").ok()
+    err = caller.result
+    assert err["type"] == "TimeoutError", err
+    assert "timed out after 2 s" in err["message"], err["message"]
+    assert err["seconds"] < 8, err
+    assert err["ranks_left"] == []
+    assert "[rank 0] sleeping" in caller.out and "[rank 1] sleeping" in caller.out
