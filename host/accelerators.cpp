@@ -497,24 +497,6 @@ const char* pcie_label(int level) {
   }
 }
 
-// "00000000:3B:00.0" and "0000:3b:00.0" name the same device: compare domain, bus, device
-// and function as numbers.
-bool same_pci_device(const std::string& a, const std::string& b) {
-  auto parse = [](const std::string& s, unsigned long out[4]) {
-    unsigned n = 0;
-    const char* p = s.c_str();
-    while (n < 4 && *p) {
-      char* end = nullptr;
-      out[n++] = std::strtoul(p, &end, 16);
-      if (end == p) return false;
-      p = end;
-      if (*p == ':' || *p == '.') ++p;
-    }
-    return n == 4;
-  };
-  unsigned long x[4], y[4];
-  return parse(a, x) && parse(b, y) && std::equal(x, x + 4, y);
-}
 
 }  // namespace
 
@@ -626,6 +608,25 @@ GpuTopology detect_topology(const AcceleratorInventory& inv) {
     }
   }
   return topo;
+}
+
+// "00000000:3B:00.0" and "0000:3b:00.0" name the same device: compare domain, bus, device
+// and function as numbers.
+bool same_pci_device(const std::string& a, const std::string& b) {
+  auto parse = [](const std::string& s, unsigned long out[4]) {
+    unsigned n = 0;
+    const char* p = s.c_str();
+    while (n < 4 && *p) {
+      char* end = nullptr;
+      out[n++] = std::strtoul(p, &end, 16);
+      if (end == p) return false;
+      p = end;
+      if (*p == ':' || *p == '.') ++p;
+    }
+    return n == 4;
+  };
+  unsigned long x[4], y[4];
+  return parse(a, x) && parse(b, y) && std::equal(x, x + 4, y);
 }
 
 }  // namespace airhost::detail

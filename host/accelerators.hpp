@@ -78,4 +78,8 @@ GpuTopology detect_topology(const AcceleratorInventory& inv);
 // "12.4" from a CUDA version number as NVML and the CUDA runtime give it (12040).
 std::string cuda_version_string(int version);
 
+// True when two PCI bus ids name one device ("00000000:3B:00.0" == "0000:3b:00.0"):
+// NVML and CUDA spell them differently.
+bool same_pci_device(const std::string& a, const std::string& b);
+
 }  // namespace airhost::detail

@@ -282,23 +282,6 @@ Library open_library(const char* what, const char* env_var, const std::vector<st
 
 // --- Helpers --------------------------------------------------------------------------------
 
-// "0000:3b:00.0" and "00000000:3B:00.0" name the same device.
-bool same_pci_device(const std::string& a, const std::string& b) {
-  auto parse = [](const std::string& s, unsigned long out[4]) {
-    unsigned n = 0;
-    const char* p = s.c_str();
-    while (n < 4 && *p) {
-      char* end = nullptr;
-      out[n++] = std::strtoul(p, &end, 16);
-      if (end == p) return false;
-      p = end;
-      if (*p == ':' || *p == '.') ++p;
-    }
-    return n == 4;
-  };
-  unsigned long x[4], y[4];
-  return parse(a, x) && parse(b, y) && std::equal(x, x + 4, y);
-}
 
 std::string library_version(int code) {  // NCCL: 22105 → 2.21.5 (2.9 on), 2708 → 2.7.8
   if (code <= 0) return "";
