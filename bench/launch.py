@@ -194,6 +194,8 @@ def run_once(name: str, argv: list[str], run_dir: Path, cwd: Path, nranks: int,
     env.update(extra_env)
     env[STAMP_ENV] = str(stamps)
     env["OMP_NUM_THREADS"] = "1"
+    # Like for like: torchrun makes no MLflow run, so airhost makes none either here.
+    env["AIRHOST_TRACKING"] = "0"
     env["TMPDIR"] = str(run_dir / "tmp")  # torchrun's log dirs etc. stay inside the run
     out_path, err_path = run_dir / "stdout", run_dir / "stderr"
     timed_out = threading.Event()

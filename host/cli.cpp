@@ -14,7 +14,7 @@ namespace {
 
 enum class FlagId {
   accelerators, timeout, grace, python, run_dir, master_addr, master_port,
-  prefix, no_prefix, ranks, env, config, preflight, json, module, help, version,
+  prefix, no_prefix, ranks, env, config, preflight, tracking, no_tracking, json, module, help, version,
 };
 
 struct FlagSpec {
@@ -39,6 +39,8 @@ const std::vector<FlagSpec>& flag_specs() {
       {FlagId::env, {"--env"}, true, "NCCL_DEBUG=INFO"},
       {FlagId::config, {"--config"}, true, "airhost.toml"},
       {FlagId::preflight, {"--preflight"}, false, ""},
+      {FlagId::tracking, {"--tracking"}, false, ""},
+      {FlagId::no_tracking, {"--no-tracking"}, false, ""},
       {FlagId::json, {"--json"}, false, ""},
       {FlagId::module, {"-m"}, true, "pkg.train"},
       {FlagId::help, {"-h", "--help"}, false, ""},
@@ -255,6 +257,8 @@ class Parser {
         config_flag_ = value;
         break;
       case FlagId::preflight: s.preflight = true; break;
+      case FlagId::tracking: s.tracking = true; break;
+      case FlagId::no_tracking: s.tracking = false; break;
       case FlagId::json: options_.json = true; break;
       case FlagId::module: {
         if (doctor_) throw ConfigError("airhost doctor takes no target, got " + single_quoted("-m " + value) + "; run airhost doctor alone");
@@ -416,6 +420,9 @@ Flags:
   --ranks LIST          show only these ranks' output, e.g. 0,2,3; 'all' shows every
                         rank (default: all); the log files are always complete
   --env KEY=VALUE       extra environment variable for every rank (repeatable)
+  --no-tracking         do not create an MLflow run for this launch (by default one is
+                        created when the ranks' interpreter can import mlflow)
+  --tracking            create it (the default; overrides tracking = false in a file)
   --preflight           check the node (GPUs, interpreter) before starting any rank
                         (default: off)
   --config FILE         read settings from FILE (default: ./airhost.toml if it exists)

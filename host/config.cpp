@@ -35,6 +35,7 @@ void Settings::merge(const Settings& over) {
   take(master_addr, over.master_addr);
   take(master_port, over.master_port);
   take(preflight, over.preflight);
+  take(tracking, over.tracking);
   take(prefix, over.prefix);
   take(ranks, over.ranks);
   for (const auto& [name, value] : over.env) env[name] = value;
@@ -209,6 +210,7 @@ constexpr KeyDoc kTopKeys[] = {
     {"master_addr", "a non-empty string (a host name or IP address)", "master_addr = \"127.0.0.1\""},
     {"master_port", "an integer from 0 to 65535 (0 = a free port)", "master_port = 29500"},
     {"preflight", "a boolean", "preflight = true"},
+    {"tracking", "a boolean", "tracking = false"},
     {"output", "a table", "a section [output] holding prefix = true"},
     {"env", "a table of strings", "a section [env] holding NAME = \"value\""},
 };
@@ -344,6 +346,8 @@ class ConfigReader {
       s.master_port = static_cast<int>(integer(node, name, doc, 0, 65535));
     } else if (name == "preflight") {
       s.preflight = boolean(node, name, doc);
+    } else if (name == "tracking") {
+      s.tracking = boolean(node, name, doc);
     } else if (name == "output") {
       read_output(s, doc, node);
     } else if (name == "env") {

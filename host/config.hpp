@@ -31,6 +31,7 @@ struct Settings {
   std::optional<std::string> master_addr;
   std::optional<int> master_port;
   std::optional<bool> preflight;
+  std::optional<bool> tracking;                  // an MLflow run per launch, when mlflow is importable
   std::optional<bool> prefix;                    // [output] prefix
   std::optional<std::set<int>> ranks;            // [output] ranks; empty = all ranks
   std::map<std::string, std::string> env;        // [env]

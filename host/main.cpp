@@ -12,6 +12,7 @@
 #include "doctor.hpp"
 #include "report_format.hpp"
 #include "run_dir.hpp"
+#include "tracking.hpp"
 #include "util.hpp"
 
 namespace {
@@ -145,13 +146,26 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "airhost: preflight passed (%zu GPU(s), interpreter imports torch)\n", spec.devices.size());
   }
 
+  // The MLflow run's variables go to the ranks; the caller's own MLFLOW_* stay in the
+  // inherited environment otherwise.
+  std::map<std::string, std::string> tracking;
+  // Flags and files win; AIRHOST_TRACKING=0 turns it off for a whole CI job or test suite.
+  const bool track = opts.settings.tracking.value_or(getenv_or("AIRHOST_TRACKING", "1") != "0");
+  if (track) {
+    tracking = start_tracking(spec.python, spec.entry.target, spec.nprocs);
+    for (const auto& [k, v] : tracking) spec.env.try_emplace(k, v);
+  }
+  const std::string python = spec.python;
+
   Launcher launcher(std::move(spec));
   RunReport report;
   try {
     report = launcher.run();
   } catch (const LaunchError& e) {
+    finish_tracking(python, tracking, Outcome::failed);
     return usage_error(e.what());
   }
+  finish_tracking(python, tracking, report.outcome);
 
   try {
     save_results(report);

@@ -303,6 +303,9 @@ class Airhost:
             env.pop(name, None)
         env["AIRHOST_RUNS_DIR"] = str(runs_root)
         env["AIRHOST_TEST_MARK"] = marker_of(self.tmp_path)
+        # mlflow is installed in the test venv: no MLflow run per launch unless a test asks
+        # for one (tests/py/test_cli_tracking.py does).
+        env["AIRHOST_TRACKING"] = "0"
         env.update(extra or {})
         return env
 
