@@ -85,7 +85,8 @@ class _Options:
             ):
                 raise ValueError(f"timeout must be a positive number of seconds, or None to disable it; got {timeout!r}")
         self.timeout = timeout
-        self.tracking = bool(tracking)
+        # None: on, unless AIRHOST_TRACKING=0 turns tracking off for the whole job.
+        self.tracking = os.environ.get("AIRHOST_TRACKING", "1") != "0" if tracking is None else bool(tracking)
         self.wait_for_accelerators = wait_for_accelerators
         self.grace = float(grace)
         self.env = dict(env or {})
@@ -455,7 +456,7 @@ def distributed(
     timeout: Optional[float] = DEFAULT_TIMEOUT,
     gpus: Optional[int] = None,
     gpu_type=None,
-    tracking: bool = True,
+    tracking: Optional[bool] = None,
     wait_for_accelerators: Optional[float] = None,
     grace: float = 10.0,
     env: Optional[Dict[str, str]] = None,
@@ -467,7 +468,8 @@ def distributed(
     accelerator_type: an AcceleratorType or its name ("GPU_8xH100"); checked against the node.
     timeout: seconds before every rank is stopped and TimeoutError raised; None disables.
     gpus, gpu_type: legacy names of num_accelerators and the GPU model (FutureWarning).
-    tracking: create an MLflow run per call when mlflow is importable.
+    tracking: create an MLflow run per call when mlflow is importable (default: yes, unless
+        the environment has AIRHOST_TRACKING=0).
     wait_for_accelerators: seconds to wait for GPUs held by other runs (None: as long as needed).
     grace: seconds between SIGTERM and SIGKILL when the ranks are stopped.
     env: extra environment variables for every rank.
