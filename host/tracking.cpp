@@ -31,6 +31,8 @@ if uri.startswith(("http://", "https://", "databricks")):
 else:
     where = f"run {run.info.run_id}; view it with: mlflow ui --backend-store-uri {uri}"
 print(f"MLFLOW_RUN_ID={run.info.run_id}\nMLFLOW_TRACKING_URI={uri}\nMLFLOW_EXPERIMENT_ID={exp_id}\nMESSAGE=airhost: MLflow {where}")
+if uri.startswith("sqlite:"):
+    print("AIRHOST_MLFLOW_RETRY=1")
 )PY";
 
 constexpr const char* kFinish = R"PY(

@@ -61,8 +61,59 @@ def _excepthook(exc_type, exc, tb):
     _original_excepthook(exc_type, exc, tb)
 
 
+# mlflow on SQLite (its default store) answers "database is locked" at once, without
+# waiting, when two processes upgrade read transactions to writes together: with ranks
+# logging metrics into one run, points would be lost. When airhost created the run on such
+# a store (AIRHOST_MLFLOW_RETRY=1), its writes are retried. The patch is applied only if and
+# when the user's code imports mlflow's SQL store, so a rank pays nothing otherwise.
+_SQL_STORE = "mlflow.store.tracking.sqlalchemy_store"
+_RETRIED = ("log_metric", "log_batch", "log_param", "set_tag", "log_inputs", "log_outputs")
+
+
+def _with_retry(method):
+    import functools
+    import random
+
+    @functools.wraps(method)
+    def retrying(*args, **kwargs):
+        for attempt in range(60):
+            try:
+                return method(*args, **kwargs)
+            except Exception as e:
+                if "database is locked" not in str(e) or attempt == 59:
+                    raise
+                time.sleep(min(0.5, 0.01 * 2**attempt) * (0.5 + random.random()))
+
+    return retrying
+
+
+class _PatchSqlStoreOnImport:
+    def find_spec(self, name, path, target=None):
+        if name != _SQL_STORE:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            store = getattr(module, "SqlAlchemyStore", None)
+            for attr in _RETRIED:
+                if store is not None and hasattr(store, attr):
+                    setattr(store, attr, _with_retry(getattr(store, attr)))
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+
 def install():
     sys.excepthook = _excepthook
+    if os.environ.get("AIRHOST_MLFLOW_RETRY") == "1":
+        sys.meta_path.insert(0, _PatchSqlStoreOnImport())
 
 
 def _send_result(value, result_format="pickle"):

@@ -16,7 +16,10 @@ from _helpers import run_dirs, run_scenario  # noqa: E402
 
 @pytest.mark.timeout(120)
 def test_a_main_function_using_a_module_level_class_and_helper_trains_with_ddp_on_two_gloo_ranks(api_tmp):
-    caller = _helpers.run_caller(api_tmp, [_helpers.script("mlp_main.py")]).ok()
+    caller = _helpers.run_caller(api_tmp, [_helpers.script("mlp_main.py")])
+    if caller.rc != 0 and _helpers.torch_exit_abort(caller.err):  # upstream torch flake: once more
+        caller = _helpers.run_caller(api_tmp, [_helpers.script("mlp_main.py")])
+    caller.ok()
     out = caller.result
     results = out["results"]
     assert [r["rank"] for r in results] == [0, 1]

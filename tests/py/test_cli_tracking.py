@@ -59,3 +59,28 @@ def test_no_tracking_makes_no_run(airhost, work, tmp_path):
     assert "MLflow" not in run.err
     _, runs = _runs(uri, "cli-off")
     assert runs == []
+
+
+@pytest.mark.timeout(240)
+def test_on_a_sqlite_store_the_ranks_sql_writes_retry_instead_of_losing_points_to_database_is_locked(
+    airhost, work, tmp_path
+):
+    """SQLite answers "database is locked" at once when two writers upgrade together; airhost
+    makes the SQL store of the ranks retry (runtime/bootstrap.py). This checks the retry is
+    in place in a rank, and that it is not on other stores."""
+    (work / "probe.py").write_text(
+        "import mlflow\n"
+        "mlflow.log_metric('x', 1.0)\n"
+        "from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore as S\n"
+        "print('retrying', all(hasattr(getattr(S, m), '__wrapped__') for m in ('log_metric', 'log_batch')))\n"
+    )
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {"AIRHOST_TRACKING": "1", "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "retry"}
+    run = airhost(str(work / "probe.py"), "-n", "1", cwd=work, env=env, timeout=200)
+    run.assert_rc(0)
+    assert b"retrying True" in run.log(0)
+
+    off = airhost(str(work / "probe.py"), "-n", "1", "--no-tracking", cwd=work,
+                  env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "retry"}, timeout=200)
+    off.assert_rc(0)
+    assert b"retrying False" in off.log(0)

@@ -151,7 +151,7 @@ def _describe_unpicklable(fn, args, kwargs) -> str:
     return "the function or its arguments cannot be pickled"
 
 
-def _payload(fn, args, kwargs) -> bytes:
+def _payload(fn, args, kwargs) -> list:
     cp = _cloudpickle()
     code = getattr(fn, "__code__", None)
     meta = pickle.dumps(
@@ -177,7 +177,7 @@ def _payload(fn, args, kwargs) -> bytes:
             ResourceWarning,
             stacklevel=4,
         )
-    return meta + body
+    return [meta, body]  # written one after the other: no third copy of a large body
 
 
 def _rank_binary() -> str:
@@ -205,6 +205,7 @@ class _Launch:
         self.lease = None
         self.run = None
         self.run_dir = None
+        self.payload_path = None
 
     def start(self) -> None:
         """Takes the GPUs (waiting for other runs to free them if need be), creates the run
@@ -223,8 +224,10 @@ class _Launch:
             os.makedirs(os.path.join(self.run_dir, "logs"), mode=0o700, exist_ok=True)
             payload_path = os.path.join(self.run_dir, "payload.pkl")
             with open(os.open(payload_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-                f.write(self._payload)
+                for part in self._payload:
+                    f.write(part)
             self._payload = None
+            self.payload_path = payload_path
             self.tracking = Tracking(
                 opts.tracking,
                 getattr(fn, "__name__", "airhost"),
@@ -255,6 +258,8 @@ class _Launch:
         except BaseException:
             if self.lease:
                 self.lease.release()
+            if getattr(self, "tracking", None) is not None:
+                self.tracking.finish("FAILED")
             raise
 
     def _out(self):
@@ -316,6 +321,12 @@ class _Launch:
         finally:
             if self.lease:
                 self.lease.release()
+            # The ranks have read it; a captured gigabyte must not stay in the runs directory.
+            if self.payload_path:
+                try:
+                    os.unlink(self.payload_path)
+                except OSError:
+                    pass
 
 
 def _signal_name(sig: int) -> str:

@@ -64,11 +64,14 @@ class Tracking:
         else:
             where = f"run {self.run_id}; view it with: mlflow ui --backend-store-uri {uri}"
         print(f"airhost: MLflow {where}", file=self._out, flush=True)
-        return {
+        env = {
             "MLFLOW_RUN_ID": self.run_id,
             "MLFLOW_TRACKING_URI": uri,
             "MLFLOW_EXPERIMENT_ID": experiment_id,
         }
+        if uri.startswith("sqlite:"):
+            env["AIRHOST_MLFLOW_RETRY"] = "1"  # see bootstrap.py: SQLite's lock upgrades
+        return env
 
     def finish(self, status: str) -> None:
         """status: FINISHED, FAILED or KILLED."""
