@@ -3,6 +3,8 @@
 // type table.
 #include <doctest/doctest.h>
 
+#include "support.hpp"
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -21,6 +23,8 @@
 
 using namespace airhost::detail;
 
+using airhost_test::ScopedEnv;
+
 namespace {
 
 const char* const kTwoH100 =
@@ -33,31 +37,6 @@ const char* const kFourMixed =
     "NVIDIA H100 80GB HBM3:81559:GPU-2222cccc;"
     "NVIDIA H200:143771:GPU-3333dddd";
 
-// Sets (or, with nullopt, unsets) environment variables, and puts back what was there.
-class ScopedEnv {
- public:
-  ScopedEnv& set(const std::string& name, std::optional<std::string> value) {
-    if (!saved_.count(name)) {
-      const char* old = std::getenv(name.c_str());
-      saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
-    }
-    apply(name, value);
-    return *this;
-  }
-  ~ScopedEnv() {
-    for (const auto& [name, value] : saved_) apply(name, value);
-  }
-
- private:
-  static void apply(const std::string& name, const std::optional<std::string>& value) {
-    if (value) {
-      setenv(name.c_str(), value->c_str(), 1);
-    } else {
-      unsetenv(name.c_str());
-    }
-  }
-  std::map<std::string, std::optional<std::string>> saved_;
-};
 
 // A node with the fake NVML and these GPUs; CUDA_VISIBLE_DEVICES unset unless given.
 struct FakeNode {

@@ -2,6 +2,8 @@
 // after the target, `--`, the config file layers, and each error message.
 #include <doctest/doctest.h>
 
+#include "support.hpp"
+
 #include <stdlib.h>
 
 #include <filesystem>
@@ -19,35 +21,10 @@ using airhost::detail::HostOptions;
 using airhost::detail::parse_command_line;
 using airhost::detail::usage_text;
 
+using airhost_test::TempDir;
+
 namespace {
 
-// A fresh directory under the system temp dir, removed with everything in it. Used as the
-// cwd of every parse, so that no airhost.toml of the real working directory leaks in.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "airhost-cli-XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  std::string write(const std::string& name, const std::string& text) const {
-    const auto file = path_ / name;
-    std::filesystem::create_directories(file.parent_path());
-    std::ofstream(file, std::ios::binary) << text;
-    return file.string();
-  }
-  std::string path() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 std::vector<std::string> with_program(std::vector<std::string> args) {
   args.insert(args.begin(), "airhost");

@@ -2,6 +2,8 @@
 // merge precedence, durations, and the shipped configs/default.toml.
 #include <doctest/doctest.h>
 
+#include "support.hpp"
+
 #include <stdlib.h>
 
 #include <filesystem>
@@ -20,33 +22,10 @@ using airhost::detail::parse_config;
 using airhost::detail::parse_duration;
 using airhost::detail::parse_duration_seconds;
 
+using airhost_test::TempDir;
+
 namespace {
 
-// A fresh directory under the system temp dir, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "airhost-config-XXXXXX").string();
-    REQUIRE(mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  std::string write(const std::string& name, const std::string& text) const {
-    const auto file = path_ / name;
-    std::ofstream(file, std::ios::binary) << text;
-    return file.string();
-  }
-  std::string path() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 // The message of the ConfigError that parsing `text` throws, or "" (and a failure) if none.
 std::string config_error(const std::string& text) {

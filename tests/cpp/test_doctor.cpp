@@ -5,6 +5,8 @@
 // CUDA events report a fixed elapsed time, so the bandwidths airhost prints are exact.
 #include <doctest/doctest.h>
 
+#include "support.hpp"
+
 #include <sys/wait.h>
 
 #include <cctype>
@@ -27,6 +29,8 @@
 #endif
 
 using namespace airhost::detail;
+
+using airhost_test::ScopedEnv;
 
 namespace {
 
@@ -52,31 +56,6 @@ std::string uniform_topology(int n, const std::string& cell) {
 
 const char* const kFourTopology = "X,NV2,NV1,SYS;NV2,X,PIX,SYS;NV1,PIX,X,NODE;SYS,SYS,NODE,X";
 
-// Sets (or, with nullopt, unsets) environment variables, and puts back what was there.
-class ScopedEnv {
- public:
-  ScopedEnv& set(const std::string& name, std::optional<std::string> value) {
-    if (!saved_.count(name)) {
-      const char* old = std::getenv(name.c_str());
-      saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
-    }
-    apply(name, value);
-    return *this;
-  }
-  ~ScopedEnv() {
-    for (const auto& [name, value] : saved_) apply(name, value);
-  }
-
- private:
-  static void apply(const std::string& name, const std::optional<std::string>& value) {
-    if (value) {
-      setenv(name.c_str(), value->c_str(), 1);
-    } else {
-      unsetenv(name.c_str());
-    }
-  }
-  std::map<std::string, std::optional<std::string>> saved_;
-};
 
 // A node whose whole GPU stack is fake: n fake H100s seen by the fake NVML and the fake
 // CUDA runtime, the fake NCCL and cuBLAS, CUDA events that always measure 1 ms.

@@ -11,30 +11,21 @@
 #include <thread>
 
 #include "airhost/airhost.hpp"
+#include "support.hpp"
 
 using namespace airhost;
 
+using airhost_test::TempDir;
+
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char t[] = "/tmp/airhost-launcher-XXXXXX";
-    path = mkdtemp(t);
-  }
-  ~TempDir() { std::system(("rm -rf " + path).c_str()); }
-  std::string write(const std::string& name, const std::string& text) const {
-    std::ofstream(path + "/" + name) << text;
-    return path + "/" + name;
-  }
-};
 
 LaunchSpec spec_for(const TempDir& dir, const std::string& script, int nprocs) {
   LaunchSpec spec;
   spec.entry.target = script;
   spec.nprocs = nprocs;
   spec.rank_binary = AIRHOST_BINARY_DIR "/airhost-rank";
-  spec.run_dir = dir.path + "/run-" + std::to_string(std::rand());
+  spec.run_dir = dir.path() + "/run-" + std::to_string(std::rand());
   spec.output.forward = false;
   spec.grace = std::chrono::milliseconds(2000);
   return spec;
@@ -168,7 +159,7 @@ TEST_CASE("two launches in one program, one after the other and at the same time
 
 TEST_CASE("a spec that cannot run is refused before anything starts") {
   TempDir dir;
-  LaunchSpec spec = spec_for(dir, dir.path + "/missing.py", 1);
+  LaunchSpec spec = spec_for(dir, dir.path() + "/missing.py", 1);
   CHECK_THROWS_WITH_AS(Launcher(spec).run(), doctest::Contains("not found"), LaunchError);
   spec = spec_for(dir, dir.write("ok.py", "pass\n"), 0);
   CHECK_THROWS_WITH_AS(Launcher(spec).run(), doctest::Contains("at least 1"), LaunchError);
