@@ -7,6 +7,7 @@
 Unchanged code for torchrun: `torchrun --nproc-per-node 4 examples/mlp_ddp.py`.
 """
 import argparse
+import gc
 import os
 import sys
 
@@ -82,6 +83,11 @@ def train(num_epochs=5, batch_size=64, lr=0.01):
         epoch_loss = t.item() / world
         if rank == 0:
             print(f"epoch {epoch + 1}/{num_epochs}  loss {epoch_loss:.5f}", flush=True)
+    # Free the DDP model (its reducer holds gloo work) before the process group goes: with
+    # torch 2.13 a rank that still holds it aborts now and then at interpreter exit
+    # ("terminate called without an active exception"), under torchrun and airhost alike.
+    del model, optimizer, loss
+    gc.collect()
     dist.destroy_process_group()
     return epoch_loss
 

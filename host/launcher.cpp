@@ -149,6 +149,12 @@ void Launcher::cancel(int signal) noexcept {
   else if (!impl_->ran) impl_->pending_cancel = signal ? signal : SIGINT;
 }
 
+void Launcher::check() const {
+  LaunchSpec spec = impl_->spec;
+  if (spec.python.empty()) spec.python = default_python();
+  validate(spec, find_rank_binary(spec));
+}
+
 RunReport Launcher::run() {
   LaunchSpec& spec = impl_->spec;
   {

@@ -136,6 +136,11 @@ int main(int argc, char** argv) {
   }
 
   if (spec.python.empty()) spec.python = default_python();
+  try {
+    Launcher(spec).check();  // refused before a preflight or an MLflow run is spent on it
+  } catch (const LaunchError& e) {
+    return usage_error(e.what());
+  }
   if (opts.settings.preflight.value_or(false)) {
     auto problems = preflight(spec);
     for (const auto& p : problems) std::fprintf(stderr, "airhost: preflight: %s\n", p.c_str());

@@ -45,6 +45,10 @@ class Launcher {
   Launcher(const Launcher&) = delete;
   Launcher& operator=(const Launcher&) = delete;
 
+  // Throws LaunchError if run() would refuse the spec; starts nothing. For callers that
+  // prepare more (an MLflow run, a GPU lease) only once the spec is known to be good.
+  void check() const;
+
   // Validates the spec (throws LaunchError), starts every rank, supervises them.
   // Never calls exit(); returns the report whatever the ranks did.
   RunReport run();

@@ -84,3 +84,14 @@ def test_on_a_sqlite_store_the_ranks_sql_writes_retry_instead_of_losing_points_t
                   env={"MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "retry"}, timeout=200)
     off.assert_rc(0)
     assert b"retrying False" in off.log(0)
+
+
+@pytest.mark.timeout(60)
+def test_a_launch_refused_for_bad_input_makes_no_mlflow_run(airhost, work, tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    env = {"AIRHOST_TRACKING": "1", "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "refused"}
+    run = airhost(str(work / "missing.py"), "-n", "1", cwd=work, env=env)
+    run.assert_rc(2)
+    assert "not found" in run.err and "MLflow" not in run.err
+    _, runs = _runs(uri, "refused")
+    assert runs == []
