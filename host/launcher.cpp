@@ -65,13 +65,10 @@ std::string entry_kind(const Entry& e) {
 // The rank runtime embeds the libpython it was built with; an interpreter of another
 // version would hand it a standard library it cannot run.
 std::string python_version_of(const std::string& python) {
-  const std::string cmd = "'" + python + "' -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null";
   std::string out;
-  if (FILE* p = ::popen(cmd.c_str(), "r")) {
-    char buf[64];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    ::pclose(p);
-  }
+  detail::run_capture(detail::shell_quote(python) +
+                          " -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null",
+                      out);
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
   return out;
 }

@@ -89,16 +89,10 @@ std::vector<std::string> preflight(const LaunchSpec& spec) {
   }
   // The interpreter must start and see torch: that is what every rank will do first.
   const std::string python = spec.python.empty() ? "python3" : spec.python;
-  const std::string cmd = "'" + python + "' -c 'import torch' 2>&1";
-  if (FILE* p = ::popen(cmd.c_str(), "r")) {
-    std::string out;
-    char buf[512];
-    while (std::fgets(buf, sizeof buf, p)) out += buf;
-    if (int rc = ::pclose(p); rc != 0) {
-      auto last = out.find_last_of('\n', out.size() >= 2 ? out.size() - 2 : 0);
-      problems.push_back(python + " cannot import torch: " +
-                         (last == std::string::npos ? out : out.substr(last + 1)));
-    }
+  std::string out;
+  if (run_capture(shell_quote(python) + " -c 'import torch' 2>&1", out) != 0) {
+    auto last = out.find_last_of('\n', out.size() >= 2 ? out.size() - 2 : 0);
+    problems.push_back(python + " cannot import torch: " + (last == std::string::npos ? out : out.substr(last + 1)));
   }
   return problems;
 }

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "util.hpp"
+
 namespace airhost::detail {
 namespace {
 
@@ -41,26 +43,17 @@ from mlflow.tracking import MlflowClient
 MlflowClient().set_terminated(sys.argv[1], status=sys.argv[2])
 )PY";
 
-std::string quoted(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 }  // namespace
 
 std::map<std::string, std::string> start_tracking(const std::string& python, const std::string& run_name,
                                                   int nprocs) {
   std::map<std::string, std::string> env;
   const std::string py = python.empty() ? "python3" : python;
-  const std::string cmd = quoted(py) + " -c " + quoted(kStart) + " " + quoted(run_name) + " " +
+  const std::string cmd = shell_quote(py) + " -c " + shell_quote(kStart) + " " + shell_quote(run_name) + " " +
                           std::to_string(nprocs) + " 2>/dev/null";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (!p) return env;
   std::string out;
-  char buf[1024];
-  while (std::fgets(buf, sizeof buf, p)) out += buf;
-  const int rc = ::pclose(p);
+  const int rc = run_capture(cmd, out);
+  if (rc == -1) return env;
   std::string message;
   std::size_t at = 0;
   while (at < out.size()) {
@@ -87,7 +80,7 @@ void finish_tracking(const std::string& python, const std::map<std::string, std:
   if (id == env.end()) return;
   const char* status = outcome == Outcome::succeeded ? "FINISHED" : outcome == Outcome::interrupted ? "KILLED" : "FAILED";
   const std::string py = python.empty() ? "python3" : python;
-  const std::string cmd = quoted(py) + " -c " + quoted(kFinish) + " " + quoted(id->second) + " " + status;
+  const std::string cmd = shell_quote(py) + " -c " + shell_quote(kFinish) + " " + shell_quote(id->second) + " " + status;
   if (std::system(cmd.c_str()) != 0)
     std::fprintf(stderr, "airhost: could not set MLflow run %s to %s\n", id->second.c_str(), status);
 }

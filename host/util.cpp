@@ -98,4 +98,18 @@ std::string json_escape(std::string_view s) {
   return out;
 }
 
+std::string shell_quote(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+int run_capture(const std::string& command, std::string& out) {
+  FILE* p = ::popen(command.c_str(), "r");
+  if (!p) return -1;
+  char buf[1024];
+  while (std::fgets(buf, sizeof buf, p)) out += buf;
+  return ::pclose(p);
+}
+
 }  // namespace airhost::detail

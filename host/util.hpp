@@ -19,5 +19,10 @@ std::string executable_path();            // /proc/self/exe
 std::string dirname_of(const std::string& path);
 bool is_executable(const std::string& path);
 std::string json_escape(std::string_view s);  // contents of a JSON string, without quotes
+// 'text' for /bin/sh, single quotes inside escaped: safe for any path or program text.
+std::string shell_quote(const std::string& text);
+// Runs `command` with /bin/sh and collects its stdout into `out`; returns its wait status
+// (0 = exited 0), or -1 when it could not be started.
+int run_capture(const std::string& command, std::string& out);
 
 }  // namespace airhost::detail
