@@ -25,6 +25,10 @@ SCRIPTS = HERE / "scripts"
 REPO = HERE.parent.parent
 VENV_BIN = os.path.dirname(sys.executable)
 
+# /proc reading is shared with the Python API tests' helpers (stdlib only).
+sys.path.insert(0, str(HERE / "api_scripts"))
+from _helpers import _read, process_state  # noqa: E402
+
 
 def script(name: str) -> str:
     """Absolute path of a helper script in tests/py/scripts."""
@@ -44,14 +48,6 @@ def line_of(path: str, marker: str) -> int:
 # ---- processes ---------------------------------------------------------------------------
 
 
-def _read(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
 @dataclasses.dataclass
 class Proc:
     pid: int
@@ -60,17 +56,6 @@ class Proc:
 
     def __str__(self) -> str:
         return f"pid {self.pid} [{self.state}] {' '.join(self.cmdline)[:200]}"
-
-
-def process_state(pid: int) -> str | None:
-    """The state letter of /proc/PID/stat (R, S, D, Z, ...), or None when there is no such process."""
-    stat = _read(f"/proc/{pid}/stat")
-    if not stat:
-        return None
-    try:
-        return stat.rsplit(b")", 1)[1].split()[0].decode()
-    except IndexError:
-        return None
 
 
 def is_running(pid: int) -> bool:

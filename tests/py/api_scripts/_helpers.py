@@ -238,6 +238,7 @@ def torch_exit_abort(text: str) -> bool:
 
 
 def _read(path: str) -> bytes:
+    """The bytes of a /proc file, or b"" when it is gone."""
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -246,6 +247,7 @@ def _read(path: str) -> bytes:
 
 
 def process_state(pid: int) -> str | None:
+    """The state letter of /proc/PID/stat (R, S, D, Z, ...), or None when there is no such process."""
     stat = _read(f"/proc/{pid}/stat")
     if not stat:
         return None
