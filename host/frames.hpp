@@ -25,7 +25,7 @@
 namespace airhost::detail {
 
 enum class FrameKind : std::uint16_t {
-  hello = 1,   // rank → host: the interpreter is up; fields: pid, python
+  hello = 1,   // reserved: rank → host "the interpreter is up"; no rank sends it yet
   result = 2,  // rank → host: pickled return value of the rank's function
   error = 3,   // rank → host: fields type, message, traceback, pickled, time
 };

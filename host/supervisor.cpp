@@ -68,7 +68,6 @@ struct Supervisor::Impl {
   bool tearing_down = false;
   double teardown_started_at = std::numeric_limits<double>::infinity();
   Outcome teardown_reason = Outcome::succeeded;
-  int teardown_signal = 0;
   int interrupt_signal = 0;
   double start_time = 0;
   std::string read_buffer = std::string(64 * 1024, '\0');
@@ -110,7 +109,7 @@ struct Supervisor::Impl {
         break;
       }
       default:
-        break;  // hello, and kinds newer than this host: skipped by design
+        break;  // kinds newer than this host: skipped by design
     }
   }
 
@@ -254,7 +253,6 @@ struct Supervisor::Impl {
     tearing_down = true;
     teardown_started_at = now_seconds();
     teardown_reason = reason;
-    teardown_signal = sig;
     if (reason == Outcome::interrupted) interrupt_signal = sig;
     signal_running(sig);
     const auto grace = static_cast<uint64_t>(std::max<int64_t>(0, spec().grace.count()));
