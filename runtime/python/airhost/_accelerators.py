@@ -86,8 +86,11 @@ def detect() -> NodeAccelerators:
     """The GPUs this process may use (NVML loaded at run time, CUDA_VISIBLE_DEVICES honoured)."""
     inv = _native.detect_accelerators()
     gpus = []
+    models = {}  # one table lookup (a TOML parse) per distinct device name, not per GPU
     for g in inv["gpus"]:
-        model = _native.gpu_model_of(CONFIG_PATH, g["name"]) if os.path.exists(CONFIG_PATH) else None
+        if g["name"] not in models:
+            models[g["name"]] = _native.gpu_model_of(CONFIG_PATH, g["name"]) if os.path.exists(CONFIG_PATH) else None
+        model = models[g["name"]]
         gpus.append(Gpu(g["index"], g["name"], g["uuid"], g["memory_total"], model))
     return NodeAccelerators(gpus, inv["driver_version"], inv["nvml_error"])
 
