@@ -3,8 +3,8 @@
 //
 // NVML is opened at run time, never linked: the same airhost binary must start on CPU-only
 // nodes, where libnvidia-ml.so.1 does not exist. The few NVML declarations needed are
-// written out below; NVML's C ABI has been stable for these calls for a decade, so no
-// header is needed at build time.
+// written out in gpu_abi.hpp (checked against NVIDIA's nvml.h by tests/abi), so no header
+// is needed at build time.
 #include "accelerators.hpp"
 
 #include <dlfcn.h>
@@ -21,38 +21,27 @@
 #include <toml++/toml.h>
 
 #include "config.hpp"
+#include "gpu_abi.hpp"
 
 namespace airhost::detail {
 
 namespace {
 
-// --- The NVML subset, as in nvml.h -------------------------------------------------------
-
-using nvmlReturn_t = int;
-using nvmlDevice_t = struct nvmlDevice_st*;
-struct nvmlMemory_t {
-  unsigned long long total;
-  unsigned long long free;
-  unsigned long long used;
-};
-constexpr nvmlReturn_t NVML_SUCCESS = 0;
-constexpr unsigned NVML_DEVICE_NAME_V2_BUFFER_SIZE = 96;
-constexpr unsigned NVML_DEVICE_UUID_V2_BUFFER_SIZE = 96;
-constexpr unsigned NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80;
+using namespace gpu_abi;
 
 constexpr const char* kDefaultNvml = "libnvidia-ml.so.1";
 
 struct Nvml {
   void* lib = nullptr;
-  nvmlReturn_t (*init)() = nullptr;
-  nvmlReturn_t (*shutdown)() = nullptr;
-  nvmlReturn_t (*get_count)(unsigned*) = nullptr;
-  nvmlReturn_t (*get_handle)(unsigned, nvmlDevice_t*) = nullptr;
-  nvmlReturn_t (*get_name)(nvmlDevice_t, char*, unsigned) = nullptr;
-  nvmlReturn_t (*get_uuid)(nvmlDevice_t, char*, unsigned) = nullptr;
-  nvmlReturn_t (*get_memory)(nvmlDevice_t, nvmlMemory_t*) = nullptr;
-  nvmlReturn_t (*driver_version)(char*, unsigned) = nullptr;
-  const char* (*error_string)(nvmlReturn_t) = nullptr;
+  fn::nvmlInit_v2 init = nullptr;
+  fn::nvmlShutdown shutdown = nullptr;
+  fn::nvmlDeviceGetCount_v2 get_count = nullptr;
+  fn::nvmlDeviceGetHandleByIndex_v2 get_handle = nullptr;
+  fn::nvmlDeviceGetName get_name = nullptr;
+  fn::nvmlDeviceGetUUID get_uuid = nullptr;
+  fn::nvmlDeviceGetMemoryInfo get_memory = nullptr;
+  fn::nvmlSystemGetDriverVersion driver_version = nullptr;
+  fn::nvmlErrorString error_string = nullptr;
   bool initialized = false;
 
   Nvml() = default;
@@ -454,35 +443,14 @@ namespace airhost::detail {
 
 namespace {
 
-// More of nvml.h: what `nvidia-smi topo -m` is made of.
-struct nvmlPciInfo_t {
-  char busIdLegacy[16];
-  unsigned domain;
-  unsigned bus;
-  unsigned device;
-  unsigned pciDeviceId;
-  unsigned pciSubSystemId;
-  char busId[32];  // NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE
-};
-constexpr int NVML_P2P_CAPS_INDEX_NVLINK = 2;  // nvmlGpuP2PCapsIndex_t
-constexpr int NVML_P2P_STATUS_OK = 0;          // nvmlGpuP2PStatus_t
-constexpr int NVML_FEATURE_ENABLED = 1;        // nvmlEnableState_t
-constexpr unsigned NVML_NVLINK_MAX_LINKS = 18;
-// nvmlGpuTopologyLevel_t
-constexpr int NVML_TOPOLOGY_INTERNAL = 0;
-constexpr int NVML_TOPOLOGY_SINGLE = 10;
-constexpr int NVML_TOPOLOGY_MULTIPLE = 20;
-constexpr int NVML_TOPOLOGY_HOSTBRIDGE = 30;
-constexpr int NVML_TOPOLOGY_NODE = 40;
-constexpr int NVML_TOPOLOGY_SYSTEM = 50;
-
+// What `nvidia-smi topo -m` is made of.
 struct NvmlTopologyCalls {
-  nvmlReturn_t (*cuda_driver_version)(int*) = nullptr;
-  nvmlReturn_t (*pci_info)(nvmlDevice_t, nvmlPciInfo_t*) = nullptr;
-  nvmlReturn_t (*p2p_status)(nvmlDevice_t, nvmlDevice_t, int, int*) = nullptr;
-  nvmlReturn_t (*nvlink_state)(nvmlDevice_t, unsigned, int*) = nullptr;
-  nvmlReturn_t (*nvlink_remote_pci)(nvmlDevice_t, unsigned, nvmlPciInfo_t*) = nullptr;
-  nvmlReturn_t (*common_ancestor)(nvmlDevice_t, nvmlDevice_t, int*) = nullptr;
+  fn::nvmlSystemGetCudaDriverVersion_v2 cuda_driver_version = nullptr;
+  fn::nvmlDeviceGetPciInfo_v3 pci_info = nullptr;
+  fn::nvmlDeviceGetP2PStatus p2p_status = nullptr;
+  fn::nvmlDeviceGetNvLinkState nvlink_state = nullptr;
+  fn::nvmlDeviceGetNvLinkRemotePciInfo_v2 nvlink_remote_pci = nullptr;
+  fn::nvmlDeviceGetTopologyCommonAncestor common_ancestor = nullptr;
 };
 
 const char* pcie_label(int level) {

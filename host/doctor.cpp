@@ -2,7 +2,7 @@
 //
 // Like accelerators.cpp for NVML, nothing of CUDA is linked or needed at build time: the
 // CUDA runtime, NCCL and cuBLAS are opened with dlopen, and the few declarations used are
-// written out below from their stable C ABIs (cuda_runtime_api.h, nccl.h, cublas_api.h).
+// written out in gpu_abi.hpp (checked against NVIDIA's headers by tests/abi).
 // The libraries are never closed again: the CUDA runtime and NCCL register exit handlers
 // and threads that must not outlive their code.
 #include "doctor.hpp"
@@ -30,43 +30,36 @@
 
 #include "accelerators.hpp"
 #include "airhost/exit_code.hpp"
+#include "gpu_abi.hpp"
 #include "util.hpp"
 
 namespace airhost::detail {
 
 namespace {
 
-// --- The CUDA runtime subset, as in cuda_runtime_api.h / driver_types.h --------------------
+using namespace gpu_abi;
 
-using cudaError_t = int;
-using cudaStream_t = struct CUstream_st*;
-using cudaEvent_t = struct CUevent_st*;
-constexpr cudaError_t cudaSuccess = 0;
-// cudaMemcpyKind
-constexpr int cudaMemcpyHostToDevice = 1;
-constexpr int cudaMemcpyDeviceToHost = 2;
-constexpr int cudaMemcpyDeviceToDevice = 3;
-
+// The entry points each library must have (optional ones say so), resolved by load_*.
 struct Cudart {
-  cudaError_t (*runtime_version)(int*) = nullptr;
-  cudaError_t (*driver_version)(int*) = nullptr;
-  cudaError_t (*get_device_count)(int*) = nullptr;
-  cudaError_t (*set_device)(int) = nullptr;
-  cudaError_t (*pci_bus_id)(char*, int, int) = nullptr;  // optional
-  cudaError_t (*malloc)(void**, size_t) = nullptr;
-  cudaError_t (*free)(void*) = nullptr;
-  cudaError_t (*memset)(void*, int, size_t) = nullptr;
-  cudaError_t (*memcpy)(void*, const void*, size_t, int) = nullptr;
-  cudaError_t (*stream_create)(cudaStream_t*) = nullptr;
-  cudaError_t (*stream_destroy)(cudaStream_t) = nullptr;
-  cudaError_t (*stream_synchronize)(cudaStream_t) = nullptr;
-  cudaError_t (*event_create)(cudaEvent_t*) = nullptr;
-  cudaError_t (*event_destroy)(cudaEvent_t) = nullptr;
-  cudaError_t (*event_record)(cudaEvent_t, cudaStream_t) = nullptr;
-  cudaError_t (*event_synchronize)(cudaEvent_t) = nullptr;
-  cudaError_t (*event_elapsed)(float*, cudaEvent_t, cudaEvent_t) = nullptr;
-  cudaError_t (*device_synchronize)() = nullptr;
-  const char* (*error_string)(cudaError_t) = nullptr;
+  fn::cudaRuntimeGetVersion runtime_version = nullptr;
+  fn::cudaDriverGetVersion driver_version = nullptr;
+  fn::cudaGetDeviceCount get_device_count = nullptr;
+  fn::cudaSetDevice set_device = nullptr;
+  fn::cudaDeviceGetPCIBusId pci_bus_id = nullptr;  // optional
+  fn::cudaMalloc malloc = nullptr;
+  fn::cudaFree free = nullptr;
+  fn::cudaMemset memset = nullptr;
+  fn::cudaMemcpy memcpy = nullptr;
+  fn::cudaStreamCreate stream_create = nullptr;
+  fn::cudaStreamDestroy stream_destroy = nullptr;
+  fn::cudaStreamSynchronize stream_synchronize = nullptr;
+  fn::cudaEventCreate event_create = nullptr;
+  fn::cudaEventDestroy event_destroy = nullptr;
+  fn::cudaEventRecord event_record = nullptr;
+  fn::cudaEventSynchronize event_synchronize = nullptr;
+  fn::cudaEventElapsedTime event_elapsed = nullptr;
+  fn::cudaDeviceSynchronize device_synchronize = nullptr;
+  fn::cudaGetErrorString error_string = nullptr;
 
   std::string describe(cudaError_t rc) const {
     const char* text = error_string ? error_string(rc) : nullptr;
@@ -74,28 +67,16 @@ struct Cudart {
   }
 };
 
-// --- NCCL, as in nccl.h ---------------------------------------------------------------------
-
-using ncclResult_t = int;
-using ncclComm_t = struct ncclComm*;
-struct ncclUniqueId {
-  char internal[128];  // NCCL_UNIQUE_ID_BYTES; unused here (ncclCommInitAll needs none)
-};
-static_assert(sizeof(ncclUniqueId) == 128);
-constexpr ncclResult_t ncclSuccess = 0;
-constexpr int ncclFloat32 = 7;  // ncclDataType_t
-constexpr int ncclSum = 0;      // ncclRedOp_t
-
 struct Nccl {
-  ncclResult_t (*get_version)(int*) = nullptr;
-  const char* (*error_string)(ncclResult_t) = nullptr;
-  const char* (*last_error)(ncclComm_t) = nullptr;  // optional: NCCL >= 2.13
-  ncclResult_t (*comm_init_all)(ncclComm_t*, int, const int*) = nullptr;
-  ncclResult_t (*comm_destroy)(ncclComm_t) = nullptr;
-  ncclResult_t (*comm_abort)(ncclComm_t) = nullptr;  // optional: after an error
-  ncclResult_t (*group_start)() = nullptr;
-  ncclResult_t (*group_end)() = nullptr;
-  ncclResult_t (*all_reduce)(const void*, void*, size_t, int, int, ncclComm_t, cudaStream_t) = nullptr;
+  fn::ncclGetVersion get_version = nullptr;
+  fn::ncclGetErrorString error_string = nullptr;
+  fn::ncclGetLastError last_error = nullptr;  // optional: NCCL >= 2.13
+  fn::ncclCommInitAll comm_init_all = nullptr;
+  fn::ncclCommDestroy comm_destroy = nullptr;
+  fn::ncclCommAbort comm_abort = nullptr;  // optional: after an error
+  fn::ncclGroupStart group_start = nullptr;
+  fn::ncclGroupEnd group_end = nullptr;
+  fn::ncclAllReduce all_reduce = nullptr;
 
   std::string describe(ncclResult_t rc) const {
     const char* text = error_string ? error_string(rc) : nullptr;
@@ -107,30 +88,22 @@ struct Nccl {
   }
 };
 
-// --- cuBLAS, as in cublas_api.h (the _v2 entry points cublas_v2.h maps to) -------------------
-
-using cublasStatus_t = int;
-using cublasHandle_t = struct cublasContext*;
-constexpr cublasStatus_t CUBLAS_STATUS_SUCCESS = 0;
-constexpr int CUBLAS_OP_N = 0;  // cublasOperation_t
-
 struct Cublas {
-  cublasStatus_t (*create)(cublasHandle_t*) = nullptr;
-  cublasStatus_t (*destroy)(cublasHandle_t) = nullptr;
-  cublasStatus_t (*get_version)(cublasHandle_t, int*) = nullptr;  // optional
-  cublasStatus_t (*sgemm)(cublasHandle_t, int, int, int, int, int, const float*, const float*, int,
-                          const float*, int, const float*, float*, int) = nullptr;
+  fn::cublasCreate_v2 create = nullptr;
+  fn::cublasDestroy_v2 destroy = nullptr;
+  fn::cublasGetVersion_v2 get_version = nullptr;  // optional
+  fn::cublasSgemm_v2 sgemm = nullptr;
 };
 
 std::string cublas_status(cublasStatus_t s) {
   switch (s) {
-    case 1: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case 3: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case 7: return "CUBLAS_STATUS_INVALID_VALUE";
-    case 8: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case 13: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case 14: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case 15: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
     default: return "cuBLAS status " + std::to_string(s);
   }
 }

@@ -284,3 +284,27 @@ FAKE_CUDART_API cudaError_t cudaEventElapsedTime(float* ms, void* start, void* e
   *ms = static_cast<float>(env_double("AIRHOST_FAKE_CUDA_EVENT_MS", 1.0));
   return cudaSuccess;
 }
+
+// Each entry point airhost resolves takes the calls airhost makes (host/gpu_abi.hpp, itself
+// checked against NVIDIA's headers by tests/abi/check_gpu_abi.cpp).
+#include "abi_compat.hpp"
+#include "gpu_abi.hpp"
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaRuntimeGetVersion);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaDriverGetVersion);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaGetDeviceCount);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaSetDevice);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaDeviceGetPCIBusId);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaMalloc);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaFree);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaMemset);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaMemcpy);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaStreamCreate);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaStreamDestroy);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaStreamSynchronize);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaEventCreate);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaEventDestroy);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaEventRecord);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaEventSynchronize);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaEventElapsedTime);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaDeviceSynchronize);
+AIRHOST_CHECK_AGAINST_GPU_ABI(cudaGetErrorString);

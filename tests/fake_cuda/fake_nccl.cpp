@@ -191,3 +191,16 @@ FAKE_NCCL_API ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
   }
   return reduce({&pending});
 }
+
+// Each entry point airhost resolves takes the calls airhost makes (host/gpu_abi.hpp, itself
+// checked against NVIDIA's headers by tests/abi/check_gpu_abi.cpp).
+#include "abi_compat.hpp"
+#include "gpu_abi.hpp"
+AIRHOST_CHECK_AGAINST_GPU_ABI(ncclGetVersion);
+AIRHOST_CHECK_AGAINST_GPU_ABI(ncclGetErrorString);
+AIRHOST_CHECK_AGAINST_GPU_ABI(ncclGetLastError);
+AIRHOST_CHECK_AGAINST_GPU_ABI(ncclCommInitAll);
+AIRHOST_CHECK_AGAINST_GPU_ABI(ncclCommDestroy);
+AIRHOST_CHECK_AGAINST_GPU_ABI(ncclGroupStart);
+AIRHOST_CHECK_AGAINST_GPU_ABI(ncclGroupEnd);
+AIRHOST_CHECK_AGAINST_GPU_ABI(ncclAllReduce);

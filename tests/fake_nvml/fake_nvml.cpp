@@ -367,3 +367,23 @@ FAKE_NVML_API const char* nvmlErrorString(int result) {
     default: return "Unknown Error";
   }
 }
+
+// Each entry point airhost resolves takes the calls airhost makes (host/gpu_abi.hpp, itself
+// checked against NVIDIA's headers by tests/abi/check_gpu_abi.cpp).
+#include "abi_compat.hpp"
+#include "gpu_abi.hpp"
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlInit_v2);
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlShutdown);
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlErrorString);
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlDeviceGetCount_v2);
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlDeviceGetHandleByIndex_v2);
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlDeviceGetName);
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlDeviceGetUUID);
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlDeviceGetMemoryInfo);
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlSystemGetDriverVersion);
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlSystemGetCudaDriverVersion_v2);
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlDeviceGetPciInfo_v3);
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlDeviceGetP2PStatus);
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlDeviceGetNvLinkState);
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlDeviceGetNvLinkRemotePciInfo_v2);
+AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlDeviceGetTopologyCommonAncestor);

@@ -1,0 +1,254 @@
+// check_gpu_abi.cpp — airhost's hand-written NVIDIA declarations (host/gpu_abi.hpp) against
+// NVIDIA's own headers, and against NVIDIA's own CUDA runtime and NCCL libraries.
+//
+// Built into the doctest suite when CMake is given AIRHOST_GPU_SDK, a folder holding
+// include/{nvml.h,cuda_runtime_api.h,nccl.h,cublas_api.h} and lib/{libcudart.so.13,
+// libnccl.so.2}: scripts/fetch-gpu-sdk.py makes it from NVIDIA's wheels, and
+// scripts/test.sh always passes it. The compile-time half fails the build with the name of
+// the declaration that drifted. The run-time half loads the real libraries on this machine,
+// which has no GPU and no driver: what can be called there without one is called.
+//
+// Our header comes first, so that its incomplete handle structs (nvmlDevice_st, ...) are
+// ours, and so that its constants are read before NVIDIA's macros of the same names exist.
+#include "gpu_abi.hpp"
+
+namespace ours = airhost::detail::gpu_abi;
+
+namespace {
+// Ours, read before nvml.h and nccl.h define these names as macros.
+constexpr unsigned our_name_size = ours::NVML_DEVICE_NAME_V2_BUFFER_SIZE;
+constexpr unsigned our_uuid_size = ours::NVML_DEVICE_UUID_V2_BUFFER_SIZE;
+constexpr unsigned our_driver_size = ours::NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE;
+constexpr unsigned our_bus_id_size = ours::NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE;
+constexpr unsigned our_bus_id_v2_size = ours::NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE;
+constexpr unsigned our_max_links = ours::NVML_NVLINK_MAX_LINKS;
+constexpr std::size_t our_unique_id_bytes = ours::NCCL_UNIQUE_ID_BYTES;
+}  // namespace
+
+#include <cublas_api.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
+#include <nvml.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include <doctest/doctest.h>
+
+#include "abi_compat.hpp"
+
+namespace {
+
+#define AIRHOST_STR2(x) #x
+#define AIRHOST_STR(x) AIRHOST_STR2(x)
+
+// NAME's pointer type in gpu_abi.hpp agrees with the header's declaration of NAME, and a call
+// of NAME compiled against the header binds the symbol NAME itself (no macro renames it to a
+// newer version that airhost's dlsym would not look up).
+#define CHECK_ENTRY(name)                                                                       \
+  static_assert(airhost::test::same_function_abi<ours::fn::name, decltype(&::name)>::value,                   \
+                "gpu_abi.hpp declares " #name " differently from NVIDIA's header");            \
+  static_assert(std::string_view(AIRHOST_STR(name)) == #name,                                  \
+                "NVIDIA's header maps " #name " to another symbol; look that one up instead")
+
+// The same for a NAME that cuda_runtime.h also overloads with C++ templates (cudaMalloc(T**),
+// ...), where &NAME alone is ambiguous: THEIRS, written with NVIDIA's types, picks the C
+// declaration, and only compiles if the header declares NAME with exactly that type.
+#define CHECK_C_ENTRY(name, theirs)                                                             \
+  static_assert(airhost::test::same_function_abi<ours::fn::name, decltype(static_cast<theirs>(&::name))>::value, \
+                "gpu_abi.hpp declares " #name " differently from NVIDIA's header");            \
+  static_assert(std::string_view(AIRHOST_STR(name)) == #name,                                  \
+                "NVIDIA's header maps " #name " to another symbol; look that one up instead")
+
+// NVML
+CHECK_ENTRY(nvmlInit_v2);
+CHECK_ENTRY(nvmlShutdown);
+CHECK_ENTRY(nvmlErrorString);
+CHECK_ENTRY(nvmlDeviceGetCount_v2);
+CHECK_ENTRY(nvmlDeviceGetHandleByIndex_v2);
+CHECK_ENTRY(nvmlDeviceGetName);
+CHECK_ENTRY(nvmlDeviceGetUUID);
+CHECK_ENTRY(nvmlDeviceGetMemoryInfo);
+CHECK_ENTRY(nvmlSystemGetDriverVersion);
+CHECK_ENTRY(nvmlSystemGetCudaDriverVersion_v2);
+CHECK_ENTRY(nvmlDeviceGetPciInfo_v3);
+CHECK_ENTRY(nvmlDeviceGetP2PStatus);
+CHECK_ENTRY(nvmlDeviceGetNvLinkState);
+CHECK_ENTRY(nvmlDeviceGetNvLinkRemotePciInfo_v2);
+CHECK_ENTRY(nvmlDeviceGetTopologyCommonAncestor);
+// The names programs write map to the versioned symbols airhost looks up.
+static_assert(std::string_view(AIRHOST_STR(nvmlInit)) == "nvmlInit_v2");
+static_assert(std::string_view(AIRHOST_STR(nvmlDeviceGetCount)) == "nvmlDeviceGetCount_v2");
+static_assert(std::string_view(AIRHOST_STR(nvmlDeviceGetHandleByIndex)) == "nvmlDeviceGetHandleByIndex_v2");
+static_assert(std::string_view(AIRHOST_STR(nvmlDeviceGetPciInfo)) == "nvmlDeviceGetPciInfo_v3");
+static_assert(std::string_view(AIRHOST_STR(nvmlDeviceGetNvLinkRemotePciInfo)) == "nvmlDeviceGetNvLinkRemotePciInfo_v2");
+
+// The CUDA runtime
+CHECK_ENTRY(cudaRuntimeGetVersion);
+CHECK_ENTRY(cudaDriverGetVersion);
+CHECK_ENTRY(cudaGetDeviceCount);
+CHECK_ENTRY(cudaSetDevice);
+CHECK_ENTRY(cudaDeviceGetPCIBusId);
+CHECK_C_ENTRY(cudaMalloc, ::cudaError_t (*)(void**, size_t));
+CHECK_ENTRY(cudaFree);
+CHECK_ENTRY(cudaMemset);
+CHECK_ENTRY(cudaMemcpy);
+CHECK_ENTRY(cudaStreamCreate);
+CHECK_ENTRY(cudaStreamDestroy);
+CHECK_ENTRY(cudaStreamSynchronize);
+CHECK_C_ENTRY(cudaEventCreate, ::cudaError_t (*)(::cudaEvent_t*));
+CHECK_ENTRY(cudaEventDestroy);
+CHECK_ENTRY(cudaEventRecord);
+CHECK_ENTRY(cudaEventSynchronize);
+CHECK_ENTRY(cudaEventElapsedTime);
+CHECK_ENTRY(cudaDeviceSynchronize);
+CHECK_ENTRY(cudaGetErrorString);
+
+// NCCL
+CHECK_ENTRY(ncclGetVersion);
+CHECK_ENTRY(ncclGetErrorString);
+CHECK_ENTRY(ncclGetLastError);
+CHECK_ENTRY(ncclCommInitAll);
+CHECK_ENTRY(ncclCommDestroy);
+CHECK_ENTRY(ncclCommAbort);
+CHECK_ENTRY(ncclGroupStart);
+CHECK_ENTRY(ncclGroupEnd);
+CHECK_ENTRY(ncclAllReduce);
+
+// cuBLAS
+CHECK_ENTRY(cublasCreate_v2);
+CHECK_ENTRY(cublasDestroy_v2);
+CHECK_ENTRY(cublasGetVersion_v2);
+CHECK_ENTRY(cublasSgemm_v2);
+
+// --- Types, constants and struct layouts --------------------------------------------------
+
+static_assert(sizeof(ours::nvmlReturn_t) == sizeof(::nvmlReturn_t));
+static_assert(sizeof(ours::cudaError_t) == sizeof(::cudaError_t));
+static_assert(sizeof(ours::ncclResult_t) == sizeof(::ncclResult_t));
+static_assert(sizeof(ours::cublasStatus_t) == sizeof(::cublasStatus_t));
+
+static_assert(ours::NVML_SUCCESS == ::NVML_SUCCESS);
+static_assert(our_name_size == NVML_DEVICE_NAME_V2_BUFFER_SIZE);
+static_assert(our_uuid_size == NVML_DEVICE_UUID_V2_BUFFER_SIZE);
+static_assert(our_driver_size == NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE);
+static_assert(our_bus_id_size == NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE);
+static_assert(our_bus_id_v2_size == NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE);
+// airhost asks each of links 0..MAX-1: a header with more links means newer GPUs to cover.
+static_assert(our_max_links == NVML_NVLINK_MAX_LINKS);
+static_assert(ours::NVML_P2P_CAPS_INDEX_NVLINK == ::NVML_P2P_CAPS_INDEX_NVLINK);
+static_assert(ours::NVML_P2P_STATUS_OK == ::NVML_P2P_STATUS_OK);
+static_assert(ours::NVML_FEATURE_ENABLED == ::NVML_FEATURE_ENABLED);
+static_assert(ours::NVML_TOPOLOGY_INTERNAL == ::NVML_TOPOLOGY_INTERNAL);
+static_assert(ours::NVML_TOPOLOGY_SINGLE == ::NVML_TOPOLOGY_SINGLE);
+static_assert(ours::NVML_TOPOLOGY_MULTIPLE == ::NVML_TOPOLOGY_MULTIPLE);
+static_assert(ours::NVML_TOPOLOGY_HOSTBRIDGE == ::NVML_TOPOLOGY_HOSTBRIDGE);
+static_assert(ours::NVML_TOPOLOGY_NODE == ::NVML_TOPOLOGY_NODE);
+static_assert(ours::NVML_TOPOLOGY_SYSTEM == ::NVML_TOPOLOGY_SYSTEM);
+
+#define CHECK_FIELD(ours_t, theirs_t, field)                                                   \
+  static_assert(offsetof(ours_t, field) == offsetof(theirs_t, field) &&                         \
+                    sizeof(ours_t::field) == sizeof(theirs_t::field),                          \
+                #ours_t "::" #field " is not where NVIDIA's header puts it")
+static_assert(sizeof(ours::nvmlMemory_t) == sizeof(::nvmlMemory_t));
+CHECK_FIELD(ours::nvmlMemory_t, ::nvmlMemory_t, total);
+CHECK_FIELD(ours::nvmlMemory_t, ::nvmlMemory_t, free);
+CHECK_FIELD(ours::nvmlMemory_t, ::nvmlMemory_t, used);
+static_assert(sizeof(ours::nvmlPciInfo_t) == sizeof(::nvmlPciInfo_t));
+CHECK_FIELD(ours::nvmlPciInfo_t, ::nvmlPciInfo_t, busIdLegacy);
+CHECK_FIELD(ours::nvmlPciInfo_t, ::nvmlPciInfo_t, domain);
+CHECK_FIELD(ours::nvmlPciInfo_t, ::nvmlPciInfo_t, bus);
+CHECK_FIELD(ours::nvmlPciInfo_t, ::nvmlPciInfo_t, device);
+CHECK_FIELD(ours::nvmlPciInfo_t, ::nvmlPciInfo_t, pciDeviceId);
+CHECK_FIELD(ours::nvmlPciInfo_t, ::nvmlPciInfo_t, pciSubSystemId);
+CHECK_FIELD(ours::nvmlPciInfo_t, ::nvmlPciInfo_t, busId);
+
+static_assert(ours::cudaSuccess == ::cudaSuccess);
+static_assert(ours::cudaMemcpyHostToDevice == ::cudaMemcpyHostToDevice);
+static_assert(ours::cudaMemcpyDeviceToHost == ::cudaMemcpyDeviceToHost);
+static_assert(ours::cudaMemcpyDeviceToDevice == ::cudaMemcpyDeviceToDevice);
+
+static_assert(ours::ncclSuccess == ::ncclSuccess);
+static_assert(ours::ncclFloat32 == ::ncclFloat32);
+static_assert(ours::ncclSum == ::ncclSum);
+static_assert(our_unique_id_bytes == NCCL_UNIQUE_ID_BYTES);
+static_assert(sizeof(ours::ncclUniqueId) == sizeof(::ncclUniqueId));
+
+static_assert(ours::CUBLAS_STATUS_SUCCESS == ::CUBLAS_STATUS_SUCCESS);
+static_assert(ours::CUBLAS_STATUS_NOT_INITIALIZED == ::CUBLAS_STATUS_NOT_INITIALIZED);
+static_assert(ours::CUBLAS_STATUS_ALLOC_FAILED == ::CUBLAS_STATUS_ALLOC_FAILED);
+static_assert(ours::CUBLAS_STATUS_INVALID_VALUE == ::CUBLAS_STATUS_INVALID_VALUE);
+static_assert(ours::CUBLAS_STATUS_ARCH_MISMATCH == ::CUBLAS_STATUS_ARCH_MISMATCH);
+static_assert(ours::CUBLAS_STATUS_EXECUTION_FAILED == ::CUBLAS_STATUS_EXECUTION_FAILED);
+static_assert(ours::CUBLAS_STATUS_INTERNAL_ERROR == ::CUBLAS_STATUS_INTERNAL_ERROR);
+static_assert(ours::CUBLAS_STATUS_NOT_SUPPORTED == ::CUBLAS_STATUS_NOT_SUPPORTED);
+static_assert(ours::CUBLAS_OP_N == ::CUBLAS_OP_N);
+
+// --- The real libraries, loaded here (no GPU, no driver) ----------------------------------
+
+std::string sdk_lib(const char* name) { return std::string(AIRHOST_GPU_SDK_DIR) + "/lib/" + name; }
+
+template <typename Fn>
+Fn symbol(void* lib, const char* name) {
+  return reinterpret_cast<Fn>(dlsym(lib, name));
+}
+
+bool x86_64_linux() {
+#if defined(__x86_64__) && defined(__linux__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+TEST_CASE("gpu abi: NVIDIA's CUDA runtime exports every entry point airhost resolves, and works without a GPU") {
+  if (!x86_64_linux()) {
+    MESSAGE("skipped: NVIDIA's wheels hold x86_64 Linux libraries");
+    return;
+  }
+  void* lib = dlopen(sdk_lib("libcudart.so.13").c_str(), RTLD_NOW | RTLD_LOCAL);
+  REQUIRE_MESSAGE(lib != nullptr, dlerror());
+  for (const char* name :
+       {"cudaRuntimeGetVersion", "cudaDriverGetVersion", "cudaGetDeviceCount", "cudaSetDevice", "cudaDeviceGetPCIBusId",
+        "cudaMalloc", "cudaFree", "cudaMemset", "cudaMemcpy", "cudaStreamCreate", "cudaStreamDestroy",
+        "cudaStreamSynchronize", "cudaEventCreate", "cudaEventDestroy", "cudaEventRecord", "cudaEventSynchronize",
+        "cudaEventElapsedTime", "cudaDeviceSynchronize", "cudaGetErrorString"}) {
+    CHECK_MESSAGE(dlsym(lib, name) != nullptr, name);
+  }
+  int version = 0;
+  REQUIRE(symbol<ours::fn::cudaRuntimeGetVersion>(lib, "cudaRuntimeGetVersion")(&version) == ours::cudaSuccess);
+  CHECK(version / 1000 == CUDART_VERSION / 1000);  // the library matches the headers checked above
+  // No driver here: the runtime must say so through the declared signature, not crash.
+  int count = -1;
+  const ours::cudaError_t rc = symbol<ours::fn::cudaGetDeviceCount>(lib, "cudaGetDeviceCount")(&count);
+  CHECK(rc != ours::cudaSuccess);
+  const char* text = symbol<ours::fn::cudaGetErrorString>(lib, "cudaGetErrorString")(rc);
+  REQUIRE(text != nullptr);
+  CHECK(std::string(text).size() > 5);
+  MESSAGE("libcudart " << version << " without a driver: cudaGetDeviceCount = " << rc << " (" << std::string(text) << ")");
+}
+
+TEST_CASE("gpu abi: NVIDIA's NCCL exports every entry point airhost resolves, and reports its version") {
+  if (!x86_64_linux()) {
+    MESSAGE("skipped: NVIDIA's wheels hold x86_64 Linux libraries");
+    return;
+  }
+  void* lib = dlopen(sdk_lib("libnccl.so.2").c_str(), RTLD_NOW | RTLD_LOCAL);
+  REQUIRE_MESSAGE(lib != nullptr, dlerror());
+  for (const char* name : {"ncclGetVersion", "ncclGetErrorString", "ncclGetLastError", "ncclCommInitAll",
+                           "ncclCommDestroy", "ncclCommAbort", "ncclGroupStart", "ncclGroupEnd", "ncclAllReduce"}) {
+    CHECK_MESSAGE(dlsym(lib, name) != nullptr, name);
+  }
+  int version = 0;
+  REQUIRE(symbol<ours::fn::ncclGetVersion>(lib, "ncclGetVersion")(&version) == ours::ncclSuccess);
+  CHECK(version == NCCL_VERSION_CODE);
+  const char* text = symbol<ours::fn::ncclGetErrorString>(lib, "ncclGetErrorString")(::ncclInvalidArgument);
+  REQUIRE(text != nullptr);
+  CHECK(std::string(text).find("argument") != std::string::npos);
+}
