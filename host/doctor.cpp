@@ -447,18 +447,16 @@ std::string no_gpu_reason(const DoctorReport& r) {
   return why;
 }
 
-// The CUDA runtime: loaded, and seeing the GPUs. Fills `cuda`; false when unusable.
-bool check_cuda_runtime(DoctorReport& r, Cudart& cuda, std::vector<int>& gpu_of_device) {
+// Opens the CUDA runtime and resolves what the checks call. Fills `status` (its error says
+// why not) and `cuda`; false when unusable. Calls nothing that needs a GPU.
+bool load_cudart(LibraryStatus& status, Cudart& cuda) {
   Library lib = open_library("the CUDA runtime (libcudart)", "AIRHOST_CUDART_LIBRARY",
                              {"libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"},
                              {"cuda_runtime", "cu13"}, "libcudart",
                              "install it (pip install nvidia-cuda-runtime-cu12, which torch's CUDA "
                              "wheels bring, or the CUDA toolkit)");
-  r.cudart = lib.status;
-  if (!lib.handle) {
-    r.problems.push_back(r.cudart.error);
-    return false;
-  }
+  status = lib.status;
+  if (!lib.handle) return false;
   struct Needed {
     const char* symbol;
     bool ok;
@@ -487,15 +485,24 @@ bool check_cuda_runtime(DoctorReport& r, Cudart& cuda, std::vector<int>& gpu_of_
   };
   for (const auto& n : needed) {
     if (!n.ok) {
-      r.cudart.loaded = false;
-      r.cudart.error = r.cudart.path + " lacks " + n.symbol + ": it is not a CUDA runtime library";
-      r.problems.push_back(r.cudart.error);
+      status.loaded = false;
+      status.error = status.path + " lacks " + n.symbol + ": it is not a CUDA runtime library";
       return false;
     }
   }
   int runtime = 0;
-  if (cuda.runtime_version(&runtime) == cudaSuccess) r.cudart.version = cuda_version_string(runtime);
+  if (cuda.runtime_version(&runtime) == cudaSuccess) status.version = cuda_version_string(runtime);
+  return true;
+}
 
+// The CUDA runtime: loaded, and seeing the GPUs. Fills `cuda`; false when unusable.
+bool check_cuda_runtime(DoctorReport& r, Cudart& cuda, std::vector<int>& gpu_of_device) {
+  if (!load_cudart(r.cudart, cuda)) {
+    r.problems.push_back(r.cudart.error);
+    return false;
+  }
+  int runtime = 0;
+  cuda.runtime_version(&runtime);
   int count = 0;
   cudaError_t rc = cuda.get_device_count(&count);
   if (rc != cudaSuccess || count < 1) {
@@ -650,37 +657,40 @@ void check_gemm(DoctorReport& r, const Cudart& cuda, const Cublas& blas, int dev
   if (handle) blas.destroy(handle);
 }
 
-bool load_cublas(DoctorReport& r, Cublas& blas) {
+// Opens cuBLAS and resolves the SGEMM calls; fills `status`, false when unusable.
+bool load_cublas(LibraryStatus& status, Cublas& blas) {
   Library lib = open_library("cuBLAS (libcublas)", "AIRHOST_CUBLAS_LIBRARY",
                              {"libcublas.so.13", "libcublas.so.12", "libcublas.so.11", "libcublas.so"},
                              {"cublas", "cu13"}, "libcublas",
                              "install it (pip install nvidia-cublas-cu12, which torch's CUDA wheels "
                              "bring, or the CUDA toolkit)");
-  r.cublas = lib.status;
-  if (lib.handle && (!resolve(lib.handle, "cublasCreate_v2", blas.create) ||
-                     !resolve(lib.handle, "cublasDestroy_v2", blas.destroy) ||
-                     !resolve(lib.handle, "cublasSgemm_v2", blas.sgemm))) {
-    r.cublas.loaded = false;
-    r.cublas.error = r.cublas.path + " lacks cublasCreate_v2, cublasDestroy_v2 or cublasSgemm_v2";
-  }
-  if (!r.cublas.loaded) {
-    r.notes.push_back("compute check skipped: " + r.cublas.error);
+  status = lib.status;
+  if (!lib.handle) return false;
+  if (!resolve(lib.handle, "cublasCreate_v2", blas.create) || !resolve(lib.handle, "cublasDestroy_v2", blas.destroy) ||
+      !resolve(lib.handle, "cublasSgemm_v2", blas.sgemm)) {
+    status.loaded = false;
+    status.error = status.path + " lacks cublasCreate_v2, cublasDestroy_v2 or cublasSgemm_v2";
     return false;
   }
   resolve(lib.handle, "cublasGetVersion_v2", blas.get_version);
   return true;
 }
 
-bool load_nccl(DoctorReport& r, Nccl& nccl) {
+bool load_cublas(DoctorReport& r, Cublas& blas) {
+  if (load_cublas(r.cublas, blas)) return true;
+  r.notes.push_back("compute check skipped: " + r.cublas.error);
+  return false;
+}
+
+// Opens NCCL and resolves the all-reduce calls; fills `status` (with NCCL's version, which
+// needs no GPU), false when unusable.
+bool load_nccl(LibraryStatus& status, Nccl& nccl) {
   Library lib = open_library("NCCL (libnccl)", "AIRHOST_NCCL_LIBRARY", {"libnccl.so.2", "libnccl.so"},
                              {"nccl"}, "libnccl",
                              "install it (pip install nvidia-nccl-cu12, which torch's CUDA wheels "
                              "bring, or the libnccl2 package)");
-  r.nccl = lib.status;
-  if (!lib.handle) {
-    r.problems.push_back(r.nccl.error);
-    return false;
-  }
+  status = lib.status;
+  if (!lib.handle) return false;
   void* h = lib.handle;
   resolve(h, "ncclGetLastError", nccl.last_error);
   resolve(h, "ncclCommAbort", nccl.comm_abort);
@@ -688,15 +698,42 @@ bool load_nccl(DoctorReport& r, Nccl& nccl) {
       !resolve(h, "ncclCommInitAll", nccl.comm_init_all) || !resolve(h, "ncclCommDestroy", nccl.comm_destroy) ||
       !resolve(h, "ncclGroupStart", nccl.group_start) || !resolve(h, "ncclGroupEnd", nccl.group_end) ||
       !resolve(h, "ncclAllReduce", nccl.all_reduce)) {
-    r.nccl.loaded = false;
-    r.nccl.error = r.nccl.path + " lacks an NCCL call airhost needs (ncclCommInitAll, ncclAllReduce, ...): "
+    status.loaded = false;
+    status.error = status.path + " lacks an NCCL call airhost needs (ncclCommInitAll, ncclAllReduce, ...): "
                    "it is not NCCL 2";
-    r.problems.push_back(r.nccl.error);
     return false;
   }
   int v = 0;
-  if (nccl.get_version(&v) == ncclSuccess) r.nccl.version = library_version(v);
+  if (nccl.get_version(&v) == ncclSuccess) status.version = library_version(v);
   return true;
+}
+
+bool load_nccl(DoctorReport& r, Nccl& nccl) {
+  if (load_nccl(r.nccl, nccl)) return true;
+  r.problems.push_back(r.nccl.error);
+  return false;
+}
+
+// No GPU is usable: still say which CUDA libraries this node has and what the CUDA runtime
+// makes of it, without touching a device. A node whose container was started without its
+// GPUs has the libraries and no driver; one with a broken driver install has NVML missing
+// and the runtime failing with the driver's reason.
+void probe_libraries_without_gpu(DoctorReport& r) {
+  Cudart cuda;
+  if (load_cudart(r.cudart, cuda)) {
+    int count = 0;
+    const cudaError_t rc = cuda.get_device_count(&count);
+    if (rc != cudaSuccess) {
+      r.cuda_device_error = "cudaGetDeviceCount: " + cuda.describe(rc);
+    } else {
+      r.cuda_device_count = count;
+      if (count == 0) r.cuda_device_error = "cudaGetDeviceCount: 0 devices";
+    }
+  }
+  Nccl nccl;
+  load_nccl(r.nccl, nccl);
+  Cublas blas;
+  load_cublas(r.cublas, blas);
 }
 
 // NCCL's own messages mostly say to rerun with NCCL_DEBUG; the others get the hint here.
@@ -947,6 +984,7 @@ DoctorReport run_doctor(const DoctorOptions& options) {
       Nccl nccl;
       if (load_nccl(r, nccl)) check_allreduce(r, cuda, nccl, plan);
     }
+    if (!usable && !options.quick) probe_libraries_without_gpu(r);
   } catch (const std::exception& e) {
     r.problems.push_back(std::string("the doctor itself failed: ") + e.what());
     usable = usable || !r.gpus.empty();
@@ -964,6 +1002,21 @@ std::string doctor_text(const DoctorReport& r) {
     line("  Why: " + no_gpu_reason(r));
     if (r.nvml_loaded) {
       line("  NVIDIA driver " + r.driver_version + ", " + std::to_string(r.node_gpu_count) + " GPU(s) on the node.");
+    }
+    auto found = [](const LibraryStatus& l) {
+      if (l.loaded) return (l.version.empty() ? std::string("?") : l.version) + " (" + l.path + ")";
+      return l.error.find(" not found ") != std::string::npos ? std::string("not found") : l.error;
+    };
+    if (r.cudart.loaded || !r.cudart.error.empty()) {
+      std::string cudart = found(r.cudart);
+      if (!r.cuda_device_error.empty()) cudart += "; " + r.cuda_device_error;
+      line("  CUDA runtime: " + cudart);
+      line("  NCCL:         " + found(r.nccl));
+      line("  cuBLAS:       " + found(r.cublas));
+      if (!r.nvml_loaded && (r.cudart.loaded || r.nccl.loaded)) {
+        line("  The CUDA libraries are here but no NVIDIA driver is. If this node has GPUs and this is a");
+        line("  container, start it with them (docker run --gpus all; on Kubernetes, ask for nvidia.com/gpu).");
+      }
     }
     line("  airhost will run CPU ranks here (torch.distributed's gloo backend): --accelerators N starts N");
     line("  of them, 1 by default.");
@@ -1121,6 +1174,7 @@ std::string doctor_json(const DoctorReport& r) {
   o += "]}";
   o += ", \"cuda_runtime\": " + json_library(r.cudart);
   o += ", \"cuda_device_count\": " + std::to_string(r.cuda_device_count);
+  o += ", \"cuda_device_error\": " + q(r.cuda_device_error);
   o += ", \"nccl\": " + json_library(r.nccl);
   o += ", \"cublas\": " + json_library(r.cublas);
   o += ", \"allreduce\": {\"ran\": " + boolean(r.allreduce_ran) + ", \"ranks\": " + std::to_string(r.allreduce_ranks) +

@@ -104,8 +104,11 @@ struct DoctorReport {
   std::vector<std::vector<std::string>> topology;  // [i][j] over gpus, see GpuTopology
 
   // Libraries
+  // With no usable GPU (exit code 3) the full doctor still loads them, touching no device,
+  // to say what the node has; the quick one (--preflight) does not.
   LibraryStatus cudart, nccl, cublas;
   int cuda_device_count = 0;
+  std::string cuda_device_error;      // no usable GPU: why the CUDA runtime counted none
 
   // NCCL all-reduce
   bool allreduce_ran = false;

@@ -40,6 +40,8 @@ constexpr std::size_t our_unique_id_bytes = ours::NCCL_UNIQUE_ID_BYTES;
 #include <doctest/doctest.h>
 
 #include "abi_compat.hpp"
+#include "doctor.hpp"
+#include "support.hpp"
 
 namespace {
 
@@ -251,4 +253,38 @@ TEST_CASE("gpu abi: NVIDIA's NCCL exports every entry point airhost resolves, an
   const char* text = symbol<ours::fn::ncclGetErrorString>(lib, "ncclGetErrorString")(::ncclInvalidArgument);
   REQUIRE(text != nullptr);
   CHECK(std::string(text).find("argument") != std::string::npos);
+}
+
+TEST_CASE("gpu abi: the doctor on this GPU-less machine reports NVIDIA's real CUDA runtime and NCCL") {
+  if (!x86_64_linux()) {
+    MESSAGE("skipped: NVIDIA's wheels hold x86_64 Linux libraries");
+    return;
+  }
+  airhost_test::ScopedEnv env;
+  env.set("AIRHOST_NVML_LIBRARY", "/nonexistent/airhost-test/libnvidia-ml.so.1")
+      .set("AIRHOST_CUDART_LIBRARY", sdk_lib("libcudart.so.13"))
+      .set("AIRHOST_NCCL_LIBRARY", sdk_lib("libnccl.so.2"))
+      .set("AIRHOST_CUBLAS_LIBRARY", "/nonexistent/airhost-test/libcublas.so.13")
+      .set("CUDA_VISIBLE_DEVICES", std::nullopt);
+  const airhost::detail::DoctorReport r = airhost::detail::run_doctor({});
+  CHECK(r.exit_code == 3);
+  CHECK(r.problems.empty());
+  REQUIRE_MESSAGE(r.cudart.loaded, r.cudart.error);
+  CHECK(r.cudart.path == sdk_lib("libcudart.so.13"));
+  // cuda_runtime_api.h's CUDART_VERSION is 13050 for 13.5: the doctor asked the library.
+  CHECK(r.cudart.version == std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10));
+  // Without a driver the real runtime fails the count; the doctor passes on its words.
+  CHECK(r.cuda_device_count == 0);
+  CHECK(r.cuda_device_error.rfind("cudaGetDeviceCount: ", 0) == 0);
+  CHECK(r.cuda_device_error.find("(CUDA error ") != std::string::npos);
+  REQUIRE_MESSAGE(r.nccl.loaded, r.nccl.error);
+  CHECK(r.nccl.version == std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." + std::to_string(NCCL_PATCH));
+  CHECK_FALSE(r.cublas.loaded);
+  const std::string text = airhost::detail::doctor_text(r);
+  CHECK(text.find("CUDA runtime: " + r.cudart.version + " (" + r.cudart.path + "); cudaGetDeviceCount: ") != std::string::npos);
+  CHECK(text.find("NCCL:         " + r.nccl.version + " (" + r.nccl.path + ")") != std::string::npos);
+  CHECK(text.find("docker run --gpus all") != std::string::npos);
+  const std::string json = airhost::detail::doctor_json(r);
+  CHECK(json.find("\"nccl\": {\"loaded\": true") != std::string::npos);
+  MESSAGE(text);
 }

@@ -291,9 +291,20 @@ TEST_CASE("a fake NVML with no GPU makes the doctor say so, exit 3 and promise C
   CHECK(contains(text, "Why: the NVIDIA driver is loaded but NVML lists no GPU"));
   CHECK(contains(text, "airhost will run CPU ranks here"));
   CHECK(contains(text, "exit code 3 (no accelerator)"));
-  // Nothing of CUDA was even tried.
-  CHECK_FALSE(r.cudart.loaded);
-  CHECK(r.cudart.error.empty());
+  // No GPU to check, but the doctor says which CUDA libraries the node has (the fakes here)
+  // and why the CUDA runtime sees no device, touching none.
+  CHECK(r.cudart.loaded);
+  CHECK(r.cudart.path == AIRHOST_FAKE_CUDART_PATH);
+  CHECK(contains(r.cuda_device_error, "cudaGetDeviceCount: "));
+  CHECK(contains(r.cuda_device_error, "(CUDA error 100)"));
+  CHECK(r.nccl.loaded);
+  CHECK_FALSE(r.nccl.version.empty());
+  CHECK(r.cublas.loaded);
+  CHECK(r.problems.empty());
+  CHECK(contains(text, "CUDA runtime: " + r.cudart.version + " (" + AIRHOST_FAKE_CUDART_PATH + "); cudaGetDeviceCount: "));
+  CHECK(contains(text, "NCCL:         " + r.nccl.version + " ("));
+  // NVML is there (the driver is): no hint about a container started without its GPUs.
+  CHECK_FALSE(contains(text, "docker run --gpus all"));
   const std::string json = doctor_json(r);
   check_json_shape(json);
   Json parsed(json);
@@ -315,6 +326,39 @@ TEST_CASE("a missing NVML library makes the doctor name it, exit 3 and promise C
   const std::string json = doctor_json(r);
   check_json_shape(json);
   CHECK(Json(json).raw("nvml_loaded") == "false");
+}
+
+TEST_CASE("without NVML, CUDA libraries that are present point at a container started without its GPUs") {
+  FakeGpuNode node(2);
+  node.env.set("AIRHOST_NVML_LIBRARY", kMissing).set("AIRHOST_CUBLAS_LIBRARY", kMissing);
+  const DoctorReport r = run_doctor(small_options());
+  CHECK(r.exit_code == 3);
+  CHECK(r.cudart.loaded);
+  CHECK(r.cuda_device_count == 2);  // the fake runtime sees its GPUs; NVML decides usability
+  CHECK(r.cuda_device_error.empty());
+  CHECK(r.nccl.loaded);
+  CHECK_FALSE(r.cublas.loaded);
+  CHECK(r.problems.empty());  // a missing library is no failure on a node without GPUs
+  const std::string text = doctor_text(r);
+  CHECK(contains(text, "cuBLAS:       " + r.cublas.error));
+  CHECK(contains(text, "The CUDA libraries are here but no NVIDIA driver is."));
+  CHECK(contains(text, "docker run --gpus all"));
+  Json json(doctor_json(r));
+  CHECK(json.raw("cuda_device_count") == "2");
+  CHECK(json.raw("cuda_device_error") == "\"\"");
+}
+
+TEST_CASE("the quick doctor (--preflight) of a node without GPUs loads no CUDA library") {
+  FakeGpuNode node(0);
+  node.env.set("AIRHOST_FAKE_NVML_GPUS", "");
+  DoctorOptions quick = small_options();
+  quick.quick = true;
+  const DoctorReport r = run_doctor(quick);
+  CHECK(r.exit_code == 3);
+  CHECK_FALSE(r.cudart.loaded);
+  CHECK(r.cudart.error.empty());
+  CHECK_FALSE(r.nccl.loaded);
+  CHECK_FALSE(contains(doctor_text(r), "CUDA runtime:"));
 }
 
 TEST_CASE("a CUDA_VISIBLE_DEVICES that hides every GPU is named as the reason for exit 3") {
