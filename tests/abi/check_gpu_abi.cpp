@@ -288,3 +288,40 @@ TEST_CASE("gpu abi: the doctor on this GPU-less machine reports NVIDIA's real CU
   CHECK(json.find("\"nccl\": {\"loaded\": true") != std::string::npos);
   MESSAGE(text);
 }
+
+TEST_CASE("gpu abi: NVIDIA's real NCCL failing to start is reported in its own words, and nothing hangs") {
+  // The GPUs, the CUDA runtime and cuBLAS here are FAKES (tests/fake_nvml, tests/fake_cuda:
+  // this machine has no GPU); NCCL is NVIDIA's. It needs a driver, finds none, and
+  // ncclCommInitAll fails: the doctor must report that through ncclGetErrorString and
+  // ncclGetLastError, as on a node whose driver is broken, and return.
+  if (!x86_64_linux()) {
+    MESSAGE("skipped: NVIDIA's wheels hold x86_64 Linux libraries");
+    return;
+  }
+  airhost_test::ScopedEnv env;
+  env.set("AIRHOST_NVML_LIBRARY", AIRHOST_FAKE_NVML_PATH)
+      .set("AIRHOST_FAKE_NVML_GPUS", "NVIDIA H100 80GB HBM3:81559:GPU-1000;NVIDIA H100 80GB HBM3:81559:GPU-1001")
+      .set("AIRHOST_FAKE_NVML_FAIL", std::nullopt)
+      .set("AIRHOST_FAKE_NVML_TOPOLOGY", std::nullopt)
+      .set("AIRHOST_CUDART_LIBRARY", AIRHOST_FAKE_CUDART_PATH)
+      .set("AIRHOST_FAKE_CUDA_DEVICES", "2")
+      .set("AIRHOST_FAKE_CUDA_EVENT_MS", "1")
+      .set("AIRHOST_CUBLAS_LIBRARY", AIRHOST_FAKE_CUBLAS_PATH)
+      .set("AIRHOST_NCCL_LIBRARY", sdk_lib("libnccl.so.2"))
+      .set("CUDA_VISIBLE_DEVICES", std::nullopt);
+  airhost::detail::DoctorOptions options;
+  options.sizes = {8};
+  options.memory_bytes = 1 << 20;
+  options.gemm_n = 64;
+  const airhost::detail::DoctorReport r = airhost::detail::run_doctor(options);
+  CHECK(r.exit_code == 4);
+  REQUIRE(r.nccl.loaded);
+  CHECK(r.nccl.version == std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." + std::to_string(NCCL_PATCH));
+  CHECK_FALSE(r.allreduce_ran);
+  REQUIRE(r.problems.size() == 1);
+  const std::string& problem = r.problems.front();
+  CHECK(problem.rfind("NCCL could not start on 2 GPU(s): ncclCommInitAll: ", 0) == 0);
+  CHECK(problem.find("(NCCL error ") != std::string::npos);
+  CHECK(problem.find("NCCL_DEBUG") != std::string::npos);  // NCCL's own advice, or ours
+  MESSAGE(problem);
+}
