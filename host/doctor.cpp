@@ -60,6 +60,7 @@ struct Cudart {
   fn::cudaEventElapsedTime event_elapsed = nullptr;
   fn::cudaDeviceSynchronize device_synchronize = nullptr;
   fn::cudaGetErrorString error_string = nullptr;
+  int runtime = 0;  // its version, as cudaRuntimeGetVersion gives it (12040 for 12.4)
 
   std::string describe(cudaError_t rc) const {
     const char* text = error_string ? error_string(rc) : nullptr;
@@ -490,9 +491,20 @@ bool load_cudart(LibraryStatus& status, Cudart& cuda) {
       return false;
     }
   }
-  int runtime = 0;
-  if (cuda.runtime_version(&runtime) == cudaSuccess) status.version = cuda_version_string(runtime);
+  if (cuda.runtime_version(&cuda.runtime) == cudaSuccess) status.version = cuda_version_string(cuda.runtime);
   return true;
+}
+
+// cudaGetDeviceCount into `count`; "" when it sees a device, else why not (the runtime's
+// error, or that it counts none).
+std::string count_devices(const Cudart& cuda, int& count) {
+  count = 0;
+  const cudaError_t rc = cuda.get_device_count(&count);
+  if (rc != cudaSuccess) {
+    count = 0;
+    return cuda.describe(rc);
+  }
+  return count > 0 ? "" : "it counts 0 devices";
 }
 
 // The CUDA runtime: loaded, and seeing the GPUs. Fills `cuda`; false when unusable.
@@ -501,17 +513,13 @@ bool check_cuda_runtime(DoctorReport& r, Cudart& cuda, std::vector<int>& gpu_of_
     r.problems.push_back(r.cudart.error);
     return false;
   }
-  int runtime = 0;
-  cuda.runtime_version(&runtime);
   int count = 0;
-  cudaError_t rc = cuda.get_device_count(&count);
-  if (rc != cudaSuccess || count < 1) {
-    std::string why = rc != cudaSuccess ? cuda.describe(rc) : "it reports 0 devices";
+  if (const std::string why = count_devices(cuda, count); !why.empty()) {
     std::string msg = "the CUDA runtime " + r.cudart.version + " (" + r.cudart.path +
                       ") sees no GPU although NVML lists " + std::to_string(r.gpus.size()) + ": " + why;
     int driver = 0;
-    if (cuda.driver_version(&driver) == cudaSuccess && driver > 0 && runtime > driver) {
-      msg += "; this CUDA runtime needs a driver for CUDA " + cuda_version_string(runtime) +
+    if (cuda.driver_version(&driver) == cudaSuccess && driver > 0 && cuda.runtime > driver) {
+      msg += "; this CUDA runtime needs a driver for CUDA " + cuda_version_string(cuda.runtime) +
              " or newer and the driver supports CUDA " + cuda_version_string(driver) +
              ": update the driver or use an older CUDA runtime";
     }
@@ -721,13 +729,8 @@ bool load_nccl(DoctorReport& r, Nccl& nccl) {
 void probe_libraries_without_gpu(DoctorReport& r) {
   Cudart cuda;
   if (load_cudart(r.cudart, cuda)) {
-    int count = 0;
-    const cudaError_t rc = cuda.get_device_count(&count);
-    if (rc != cudaSuccess) {
-      r.cuda_device_error = "cudaGetDeviceCount: " + cuda.describe(rc);
-    } else {
-      r.cuda_device_count = count;
-      if (count == 0) r.cuda_device_error = "cudaGetDeviceCount: 0 devices";
+    if (const std::string why = count_devices(cuda, r.cuda_device_count); !why.empty()) {
+      r.cuda_device_error = "cudaGetDeviceCount: " + why;
     }
   }
   Nccl nccl;

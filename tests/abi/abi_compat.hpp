@@ -18,8 +18,14 @@ struct is_complete : std::false_type {};
 template <typename T>
 struct is_complete<T, std::void_t<decltype(sizeof(T))>> : std::true_type {};
 
-// Passed by value: the same type, or integers/enums of one size (an enum parameter written
-// as int; two plain integers must also agree on signedness), or pointers that agree.
+// Integers or enums of one size: an enum parameter written as an int; two plain integers
+// must also agree on signedness.
+template <typename A, typename B>
+constexpr bool same_int_abi() {
+  return sizeof(A) == sizeof(B) && (std::is_enum_v<A> || std::is_enum_v<B> || std::is_signed_v<A> == std::is_signed_v<B>);
+}
+
+// Passed by value: the same type, integers/enums that agree, or pointers that agree.
 template <typename A, typename B>
 constexpr bool same_value_abi();
 
@@ -37,7 +43,7 @@ constexpr bool same_pointee_abi() {
     if constexpr (std::is_same_v<a, b>) {
       return true;
     } else if constexpr (int_like<a> && int_like<b>) {
-      return sizeof(a) == sizeof(b) && (std::is_enum_v<a> || std::is_enum_v<b> || std::is_signed_v<a> == std::is_signed_v<b>);
+      return same_int_abi<a, b>();
     } else if constexpr (std::is_class_v<a> && std::is_class_v<b>) {
       if constexpr (is_complete<a>::value && is_complete<b>::value) {
         return sizeof(a) == sizeof(b) && alignof(a) == alignof(b);
@@ -63,7 +69,7 @@ constexpr bool same_value_abi() {
   if constexpr (std::is_same_v<a, b>) {
     return true;
   } else if constexpr (int_like<a> && int_like<b>) {
-    return sizeof(a) == sizeof(b) && (std::is_enum_v<a> || std::is_enum_v<b> || std::is_signed_v<a> == std::is_signed_v<b>);
+    return same_int_abi<a, b>();
   } else if constexpr (std::is_pointer_v<a> && std::is_pointer_v<b>) {
     return same_pointee_abi<std::remove_pointer_t<a>, std::remove_pointer_t<b>>();
   } else {

@@ -199,21 +199,16 @@ Fn symbol(void* lib, const char* name) {
   return reinterpret_cast<Fn>(dlsym(lib, name));
 }
 
-bool x86_64_linux() {
+// NVIDIA's wheels hold x86_64 Linux libraries: elsewhere only the compile-time half runs.
 #if defined(__x86_64__) && defined(__linux__)
-  return true;
+constexpr bool kCannotLoadTheWheelsLibraries = false;
 #else
-  return false;
+constexpr bool kCannotLoadTheWheelsLibraries = true;
 #endif
-}
 
 }  // namespace
 
-TEST_CASE("gpu abi: NVIDIA's CUDA runtime exports every entry point airhost resolves, and works without a GPU") {
-  if (!x86_64_linux()) {
-    MESSAGE("skipped: NVIDIA's wheels hold x86_64 Linux libraries");
-    return;
-  }
+TEST_CASE("gpu abi: NVIDIA's CUDA runtime exports every entry point airhost resolves, and works without a GPU" * doctest::skip(kCannotLoadTheWheelsLibraries)) {
   void* lib = dlopen(sdk_lib("libcudart.so.13").c_str(), RTLD_NOW | RTLD_LOCAL);
   REQUIRE_MESSAGE(lib != nullptr, dlerror());
   for (const char* name :
@@ -236,11 +231,7 @@ TEST_CASE("gpu abi: NVIDIA's CUDA runtime exports every entry point airhost reso
   MESSAGE("libcudart " << version << " without a driver: cudaGetDeviceCount = " << rc << " (" << std::string(text) << ")");
 }
 
-TEST_CASE("gpu abi: NVIDIA's NCCL exports every entry point airhost resolves, and reports its version") {
-  if (!x86_64_linux()) {
-    MESSAGE("skipped: NVIDIA's wheels hold x86_64 Linux libraries");
-    return;
-  }
+TEST_CASE("gpu abi: NVIDIA's NCCL exports every entry point airhost resolves, and reports its version" * doctest::skip(kCannotLoadTheWheelsLibraries)) {
   void* lib = dlopen(sdk_lib("libnccl.so.2").c_str(), RTLD_NOW | RTLD_LOCAL);
   REQUIRE_MESSAGE(lib != nullptr, dlerror());
   for (const char* name : {"ncclGetVersion", "ncclGetErrorString", "ncclGetLastError", "ncclCommInitAll",
@@ -255,11 +246,7 @@ TEST_CASE("gpu abi: NVIDIA's NCCL exports every entry point airhost resolves, an
   CHECK(std::string(text).find("argument") != std::string::npos);
 }
 
-TEST_CASE("gpu abi: the doctor on this GPU-less machine reports NVIDIA's real CUDA runtime and NCCL") {
-  if (!x86_64_linux()) {
-    MESSAGE("skipped: NVIDIA's wheels hold x86_64 Linux libraries");
-    return;
-  }
+TEST_CASE("gpu abi: the doctor on this GPU-less machine reports NVIDIA's real CUDA runtime and NCCL" * doctest::skip(kCannotLoadTheWheelsLibraries)) {
   airhost_test::ScopedEnv env;
   env.set("AIRHOST_NVML_LIBRARY", "/nonexistent/airhost-test/libnvidia-ml.so.1")
       .set("AIRHOST_CUDART_LIBRARY", sdk_lib("libcudart.so.13"))
@@ -289,15 +276,11 @@ TEST_CASE("gpu abi: the doctor on this GPU-less machine reports NVIDIA's real CU
   MESSAGE(text);
 }
 
-TEST_CASE("gpu abi: NVIDIA's real NCCL failing to start is reported in its own words, and nothing hangs") {
+TEST_CASE("gpu abi: NVIDIA's real NCCL failing to start is reported in its own words, and nothing hangs" * doctest::skip(kCannotLoadTheWheelsLibraries)) {
   // The GPUs, the CUDA runtime and cuBLAS here are FAKES (tests/fake_nvml, tests/fake_cuda:
   // this machine has no GPU); NCCL is NVIDIA's. It needs a driver, finds none, and
   // ncclCommInitAll fails: the doctor must report that through ncclGetErrorString and
   // ncclGetLastError, as on a node whose driver is broken, and return.
-  if (!x86_64_linux()) {
-    MESSAGE("skipped: NVIDIA's wheels hold x86_64 Linux libraries");
-    return;
-  }
   airhost_test::ScopedEnv env;
   env.set("AIRHOST_NVML_LIBRARY", AIRHOST_FAKE_NVML_PATH)
       .set("AIRHOST_FAKE_NVML_GPUS", "NVIDIA H100 80GB HBM3:81559:GPU-1000;NVIDIA H100 80GB HBM3:81559:GPU-1001")
