@@ -149,10 +149,15 @@ def _load_script_function(path, function):
 def _load_module_function(module_name, function):
     import importlib
 
+    import importlib.util
+
     sys.path.insert(0, os.getcwd())  # as `python -m` would
+    # Like `python -m` (runpy), sys.argv[0] is the module's file while it is imported: find it
+    # first (this imports the parent packages, as runpy does), then import the module.
+    spec = importlib.util.find_spec(module_name)
+    if spec is not None and spec.has_location and spec.origin:
+        sys.argv[0] = spec.origin
     module = importlib.import_module(module_name)
-    if getattr(module, "__file__", None):
-        sys.argv[0] = module.__file__  # what `python -m` leaves there too
     return _attribute(module, function, module_name)
 
 

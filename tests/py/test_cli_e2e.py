@@ -174,10 +174,12 @@ def test_a_module_function_target_calls_it_and_keeps_the_results(airhost, work):
             value = pickle.load(f)
         assert value["rank"] == n
         assert value["name"] == "pkg.mod"
-        assert value["argv"][1:] == ["x"]
+        # sys.argv[0] is the module's file, as python -m leaves it, already while it imports.
+        assert value["argv"] == [str(work / "pkg" / "mod.py"), "x"]
         assert value["path0"] == str(work)  # as python -m would
         [seen] = json_lines(run, n)
         assert seen["name"] == "pkg.mod"
+        assert seen["argv"] == [str(work / "pkg" / "mod.py"), "x"]
     run.assert_console_matches_logs()
 
 
