@@ -132,7 +132,7 @@ print("%d GPU(s) %s, driver %s (CUDA %s), runtime %s, NCCL %s, cuBLAS %s; busbw 
       record json FAIL "valid JSON but exit $rc: $summary"
     fi
   else
-    record json FAIL "exit $rc, bad JSON: $(echo "$summary" | tail -n 1)"
+    record json FAIL "exit $rc, the JSON does not hold a passing all-reduce: $(echo "$summary" | tail -n 1)"
   fi
 
   # --- 5. ddp ---------------------------------------------------------------------------------
