@@ -9,6 +9,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -29,6 +30,54 @@ void die_with_host() {
   if (::getppid() != static_cast<pid_t>(std::atol(host))) _exit(137);
 }
 
+// The guard: a small process, forked before Python starts, that outlives the rank only to
+// end the rank's process group. A rank leads its own group (the host starts it with
+// setsid), and what it starts (DataLoader workers, servers, subprocesses) stays in that
+// group. The host ends the group when the rank exits; but when the host itself is killed
+// with SIGKILL, the kernel ends the rank (PR_SET_PDEATHSIG above) and nobody would end the
+// rest. The guard learns of the rank's death the same way and SIGKILLs the group, itself
+// included. It ignores the signals the host or a terminal sends the whole group (its
+// parent is checked on each), holds none of the rank's files or pipes, and shows as
+// "airhost-rank-guard" in ps.
+void rename_process(int argc, char** argv, const char* name) {
+  ::prctl(PR_SET_NAME, name);
+  // /proc/PID/cmdline shows the argv strings in place (contiguous): overwrite them.
+  char* begin = argv[0];
+  char* end = argv[argc - 1] + std::strlen(argv[argc - 1]);
+  const size_t room = static_cast<size_t>(end - begin);
+  std::memset(begin, 0, room);
+  std::memcpy(begin, name, std::min(room, std::strlen(name)));
+}
+
+[[noreturn]] void run_group_guard(pid_t rank, int argc, char** argv) {
+  sigset_t wake;
+  sigemptyset(&wake);
+  sigaddset(&wake, SIGTERM);
+  ::sigprocmask(SIG_BLOCK, &wake, nullptr);  // taken with sigwait below, never by default
+  for (int sig : {SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) ::signal(sig, SIG_IGN);
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  rename_process(argc, argv, "airhost-rank-guard");
+  // Nothing of the rank's: the host's log pipes must reach EOF when the rank ends.
+  const int null = ::open("/dev/null", O_RDWR);
+  for (int fd = 0; fd < 3; ++fd) ::dup2(null, fd);
+  for (int fd = 3; fd < 1024; ++fd) ::close(fd);
+  while (::getppid() == rank) {  // also closes the race of a rank gone before prctl
+    int sig = 0;
+    ::sigwait(&wake, &sig);
+  }
+  ::kill(-rank, SIGKILL);
+  _exit(0);
+}
+
+void start_group_guard(int argc, char** argv) {
+  const pid_t rank = ::getpid();
+  if (!std::getenv("AIRHOST_HOST_PID") || ::getpgrp() != rank) return;  // not started by a host
+  const pid_t pid = ::fork();
+  if (pid == 0) run_group_guard(rank, argc, argv);
+  // pid < 0: the rank runs unguarded, as before the guard existed; the host still ends the
+  // group whenever it sees the rank exit.
+}
+
 int usage(const char* why) {
   std::fprintf(stderr, "airhost-rank: %s\nairhost-rank is started by airhost, not by hand.\n", why);
   return 2;
@@ -45,6 +94,7 @@ int main(int argc, char** argv) {
     // (DataLoader workers) still hold it, which is harmless.
     if (::fcntl(cfd, F_SETFD, FD_CLOEXEC) == 0) airhost::rank::control_fd = cfd;
   }
+  start_group_guard(argc, argv);  // before any thread or interpreter exists: a cheap fork
 
   airhost::rank::RankArgs args;
   int i = 1;

@@ -218,19 +218,23 @@ def test_a_second_sigint_kills_every_rank_at_once(airhost):
     run.assert_logs_complete()
 
 
-def test_every_rank_dies_when_the_host_is_sigkilled(airhost):
-    host = airhost.start(SLEEPER, "-n", "3", "--", "--ignore-int", "--ignore-term")
+def test_every_rank_and_what_it_started_dies_when_the_host_is_sigkilled(airhost):
+    # Each rank starts `sleep 300`, which never looks at its parent: only the rank's guard
+    # can end it once the host (SIGKILL) and then the rank (its parent-death signal) are gone.
+    host = airhost.start(SLEEPER, "-n", "3", "--", "--ignore-int", "--ignore-term", "--grandchild")
     host.wait_printed([0, 1, 2], "ready")
     run_id = host.run_dir().name
-    ranks = live_processes(run_id=run_id)
-    assert len(ranks) == 3, ranks
-    assert all("airhost-rank" in p.cmdline[0] for p in ranks)
+    procs = live_processes(run_id=run_id)
+    ranks = [p for p in procs if p.cmdline[0].endswith("/airhost-rank")]
+    guards = [p for p in procs if p.cmdline == ["airhost-rank-guard"]]
+    children = [p for p in procs if p.cmdline == ["sleep", "300"]]
+    assert (len(ranks), len(guards), len(children)) == (3, 3, 3), procs
     host.signal(signal.SIGKILL)
     host.proc.wait(timeout=5)
     t = time.monotonic()
     left = wait_until_gone(run_id=run_id, timeout=2.0)
-    assert not left, f"ranks still running {time.monotonic() - t:.1f} s after the host died: {left}"
-    assert all(not is_running(p.pid) for p in ranks)  # zombies aside
+    assert not left, f"still running {time.monotonic() - t:.1f} s after the host died: {left}"
+    assert all(not is_running(p.pid) for p in procs)  # zombies aside
 
 
 # ---- root cause ------------------------------------------------------------------------------------------

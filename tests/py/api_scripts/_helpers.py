@@ -257,10 +257,15 @@ def process_state(pid: int) -> str | None:
         return None
 
 
-def rank_processes(root: Path | str | None = None) -> list[str]:
-    """Live (non-zombie) airhost rank processes: those whose environment holds AIRHOST_RUN_ID,
-    and, given `root`, whose AIRHOST_RUN_DIR lies under it. Zombies are ignored: PID 1 of this
-    container does not reap orphans. Returns 'pid [state] cmdline' lines."""
+GUARD = "airhost-rank-guard"  # the process each rank forks to end its group (rank_main.cpp)
+
+
+def rank_processes(root: Path | str | None = None, guards: bool = True) -> list[str]:
+    """Live (non-zombie) processes of airhost runs: those whose environment holds
+    AIRHOST_RUN_ID (the ranks, their guards and whatever they started), and, given `root`,
+    whose AIRHOST_RUN_DIR lies under it; `guards=False` leaves the ranks' guards out. Zombies
+    are ignored: PID 1 of this container does not reap orphans. Returns 'pid [state] cmdline'
+    lines."""
     found = []
     prefix = (str(root).rstrip(os.sep) + os.sep).encode() if root is not None else None
     for name in os.listdir("/proc"):
@@ -277,7 +282,9 @@ def rank_processes(root: Path | str | None = None) -> list[str]:
             continue
         if process_state(pid) in (None, "Z", "X"):
             continue
-        cmd = _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace")
+        cmd = _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
+        if not guards and cmd == GUARD:
+            continue
         found.append(f"{pid} [{state}] {cmd[:200]}")
     return found
 
