@@ -25,10 +25,6 @@ constexpr bool same_int_abi() {
   return sizeof(A) == sizeof(B) && (std::is_enum_v<A> || std::is_enum_v<B> || std::is_signed_v<A> == std::is_signed_v<B>);
 }
 
-// Passed by value: the same type, integers/enums that agree, or pointers that agree.
-template <typename A, typename B>
-constexpr bool same_value_abi();
-
 // What a pointer points to: the same type; integers/enums of one size; two structs, when
 // both are incomplete (opaque handles) or of one size (their fields are checked apart);
 // void and an incomplete struct (a handle a fake keeps as void*); or pointers that agree,
@@ -62,18 +58,16 @@ constexpr bool same_pointee_abi() {
   }
 }
 
+// Passed by value: the same type, integers/enums that agree, or pointers that agree, as
+// for what a pointer points to (no call here passes a struct by value).
 template <typename A, typename B>
 constexpr bool same_value_abi() {
   using a = std::remove_cv_t<A>;
   using b = std::remove_cv_t<B>;
-  if constexpr (std::is_same_v<a, b>) {
-    return true;
-  } else if constexpr (int_like<a> && int_like<b>) {
-    return same_int_abi<a, b>();
-  } else if constexpr (std::is_pointer_v<a> && std::is_pointer_v<b>) {
-    return same_pointee_abi<std::remove_pointer_t<a>, std::remove_pointer_t<b>>();
-  } else {
+  if constexpr (!std::is_same_v<a, b> && (std::is_class_v<a> || std::is_class_v<b>)) {
     return false;
+  } else {
+    return same_pointee_abi<a, b>();
   }
 }
 
@@ -114,6 +108,7 @@ static_assert(!same_function_abi<int (*)(handle_st*), int (*)(handle_st**)>::val
 static_assert(!same_function_abi<int (*)(three_words*), int (*)(two_words*)>::value);
 static_assert(!same_function_abi<int (*)(three_words*), int (*)(void*)>::value);
 static_assert(!same_function_abi<const char* (*)(int), char* (*)(int)>::value);
+static_assert(!same_function_abi<int (*)(three_words), int (*)(three_words*)>::value);
 }  // namespace self_test
 
 }  // namespace airhost::test
