@@ -14,6 +14,7 @@
 
 #include "airhost/exit_code.hpp"
 #include "frames.hpp"
+#include "group_guard.hpp"
 #include "log_stream.hpp"
 #include "util.hpp"
 
@@ -55,6 +56,7 @@ struct Supervisor::Impl {
   Plan plan;
   std::unique_ptr<RankStarter> starter;
   uv_loop_t loop{};
+  GroupGuard guard;
   std::vector<std::unique_ptr<Rank>> ranks;
   uv_timer_t timeout_timer{}, grace_timer{};
   uv_signal_t signals[3]{};
@@ -187,6 +189,7 @@ struct Supervisor::Impl {
     open_channel(r, r.ctl, 3, ctl[0]);
     try {
       r.report.pid = starter->start(&loop, req, [this, &r](int64_t status, int sig) { on_exit(r, status, sig); });
+      guard.add(r.report.pid);
     } catch (...) {
       ::close(out[1]);
       ::close(err[1]);
@@ -210,6 +213,7 @@ struct Supervisor::Impl {
     r.report.term_signal = sig;
     // Whatever the rank left behind in its process group (workers, daemons) goes with it.
     ::kill(-r.report.pid, SIGKILL);
+    guard.remove(r.report.pid);
 
     const bool ok = sig == 0 && status == 0;
     // A rank that raised before the teardown began is a failure even if our signal is what
@@ -283,6 +287,7 @@ struct Supervisor::Impl {
     for (auto& r : ranks)
       if (r->drain_started) uv_close(as_handle(&r->drain), nullptr);
     starter->close();
+    guard.stop();
   }
 
   RunReport report() {
@@ -374,6 +379,10 @@ struct Supervisor::Impl {
         }, sig);
       }
     }
+
+    // Should this process die by SIGKILL, the guard ends what the ranks started.
+    guard.start(&loop, plan.rank_argv.at(0),
+                {"AIRHOST_RUN_ID=" + plan.context.run_id, "AIRHOST_RUN_DIR=" + plan.context.run_dir});
 
     const int nprocs = spec().nprocs;
     for (int i = 0; i < nprocs; ++i) {

@@ -1,18 +1,22 @@
 // airhost-rank — the process of one rank: ties itself to the host, then runs Python.
 //
 //   airhost-rank --kind KIND --target T [--function F] [--python EXE] -- ARGS...
+//   airhost-rank --guard      the run's group guard (host/group_guard.hpp)
 //
 // The host passes the control channel as fd 3 (AIRHOST_CONTROL_FD) and its pid as
 // AIRHOST_HOST_PID. Not meant to be started by hand.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/signalfd.h>
 #include <unistd.h>
 
-#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 
 #include "interpreter.hpp"
@@ -30,52 +34,47 @@ void die_with_host() {
   if (::getppid() != static_cast<pid_t>(std::atol(host))) _exit(137);
 }
 
-// The guard: a small process, forked before Python starts, that outlives the rank only to
-// end the rank's process group. A rank leads its own group (the host starts it with
-// setsid), and what it starts (DataLoader workers, servers, subprocesses) stays in that
-// group. The host ends the group when the rank exits; but when the host itself is killed
-// with SIGKILL, the kernel ends the rank (PR_SET_PDEATHSIG above) and nobody would end the
-// rest. The guard learns of the rank's death the same way and SIGKILLs the group, itself
-// included. It ignores the signals the host or a terminal sends the whole group (its
-// parent is checked on each), holds none of the rank's files or pipes, and shows as
-// "airhost-rank-guard" in ps.
-void rename_process(int argc, char** argv, const char* name) {
-  ::prctl(PR_SET_NAME, name);
-  // /proc/PID/cmdline shows the argv strings in place (contiguous): overwrite them.
-  char* begin = argv[0];
-  char* end = argv[argc - 1] + std::strlen(argv[argc - 1]);
-  const size_t room = static_cast<size_t>(end - begin);
-  std::memset(begin, 0, room);
-  std::memcpy(begin, name, std::min(room, std::strlen(name)));
-}
-
-[[noreturn]] void run_group_guard(pid_t rank, int argc, char** argv) {
-  sigset_t wake;
-  sigemptyset(&wake);
-  sigaddset(&wake, SIGTERM);
-  ::sigprocmask(SIG_BLOCK, &wake, nullptr);  // taken with sigwait below, never by default
-  for (int sig : {SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGPIPE}) ::signal(sig, SIG_IGN);
+// The run's group guard: it learns each rank's process group from the host ("+PGID\n" when
+// the rank starts, "-PGID\n" once it has exited and its group was ended) on stdin, and if
+// the host dies first (stdin reaches EOF, or the parent-death signal), it SIGKILLs every
+// group still listed, so that what the ranks started (servers, subprocesses, workers that
+// never look at their parent) dies with them. The host ends the guard when the run ends.
+int run_guard() {
+  const pid_t host = ::getppid();
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  ::sigprocmask(SIG_BLOCK, &term, nullptr);
+  for (int sig : {SIGINT, SIGHUP, SIGQUIT, SIGPIPE}) ::signal(sig, SIG_IGN);
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-  rename_process(argc, argv, "airhost-rank-guard");
-  // Nothing of the rank's: the host's log pipes must reach EOF when the rank ends.
-  const int null = ::open("/dev/null", O_RDWR);
-  for (int fd = 0; fd < 3; ++fd) ::dup2(null, fd);
-  for (int fd = 3; fd < 1024; ++fd) ::close(fd);
-  while (::getppid() == rank) {  // also closes the race of a rank gone before prctl
-    int sig = 0;
-    ::sigwait(&wake, &sig);
+  const int sfd = ::signalfd(-1, &term, SFD_CLOEXEC);
+  std::set<long> groups;
+  std::string pending;
+  bool host_gone = ::getppid() != host;  // it died before prctl
+  while (!host_gone) {
+    pollfd fds[2] = {{STDIN_FILENO, POLLIN, 0}, {sfd, POLLIN, 0}};
+    if (::poll(fds, sfd >= 0 ? 2 : 1, sfd >= 0 ? -1 : 1000) < 0 && errno != EINTR) break;
+    if (sfd >= 0 && (fds[1].revents & POLLIN)) {
+      signalfd_siginfo info;  // a SIGTERM: the parent-death signal only if the host is gone
+      [[maybe_unused]] const ssize_t n = ::read(sfd, &info, sizeof info);
+    }
+    if (::getppid() != host) break;
+    if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      char buf[512];
+      const ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // EOF: the host is gone (or done, with no group left listed)
+      pending.append(buf, static_cast<size_t>(n));
+      for (size_t nl; (nl = pending.find('\n')) != std::string::npos; pending.erase(0, nl + 1)) {
+        const long pgid = std::atol(pending.c_str() + 1);
+        if (pgid <= 1) continue;
+        if (pending[0] == '+') groups.insert(pgid);
+        if (pending[0] == '-') groups.erase(pgid);
+      }
+    }
   }
-  ::kill(-rank, SIGKILL);
-  _exit(0);
-}
-
-void start_group_guard(int argc, char** argv) {
-  const pid_t rank = ::getpid();
-  if (!std::getenv("AIRHOST_HOST_PID") || ::getpgrp() != rank) return;  // not started by a host
-  const pid_t pid = ::fork();
-  if (pid == 0) run_group_guard(rank, argc, argv);
-  // pid < 0: the rank runs unguarded, as before the guard existed; the host still ends the
-  // group whenever it sees the rank exit.
+  for (long pgid : groups) ::kill(static_cast<pid_t>(-pgid), SIGKILL);
+  return 0;
 }
 
 int usage(const char* why) {
@@ -86,6 +85,7 @@ int usage(const char* why) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "--guard") == 0) return run_guard();
   die_with_host();
 
   if (const char* fd = std::getenv("AIRHOST_CONTROL_FD")) {
@@ -94,7 +94,6 @@ int main(int argc, char** argv) {
     // (DataLoader workers) still hold it, which is harmless.
     if (::fcntl(cfd, F_SETFD, FD_CLOEXEC) == 0) airhost::rank::control_fd = cfd;
   }
-  start_group_guard(argc, argv);  // before any thread or interpreter exists: a cheap fork
 
   airhost::rank::RankArgs args;
   int i = 1;

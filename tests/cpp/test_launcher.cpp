@@ -1,9 +1,11 @@
 // The public API end to end: real rank processes running real Python scripts.
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -72,6 +74,23 @@ TEST_CASE("a launch runs every rank, streams their lines and reports each one") 
   }
   CHECK(rec.events.size() == 6);  // started and exited, per rank
   CHECK(access((report.run_dir + "/run.json").c_str(), R_OK) == 0);
+}
+
+TEST_CASE("a run that ends, torn down or not, leaves no child of this process behind, zombie or live") {
+  // The ranks and the run's group guard (host/group_guard.hpp) are children of the host,
+  // which must reap every one of them: a zombie per run would pile up in a long-lived
+  // caller (a notebook kernel).
+  TempDir dir;
+  auto script = dir.write("mixed.py",
+                          "import os, subprocess, time\nsubprocess.Popen(['sleep', '300'])\n"
+                          "if os.environ['RANK'] == '1':\n    raise SystemExit(3)\ntime.sleep(30)\n");
+  RunReport report = Launcher(spec_for(dir, script, 2)).run();
+  CHECK(report.outcome == Outcome::failed);
+  CHECK(report.exit_code == 3);
+  int status = 0;
+  errno = 0;
+  CHECK(::waitpid(-1, &status, WNOHANG) == -1);
+  CHECK(errno == ECHILD);
 }
 
 TEST_CASE("a function entry hands back each rank's return value as JSON") {

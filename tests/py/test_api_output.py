@@ -71,10 +71,12 @@ def test_a_caller_killed_with_sigkill_takes_its_ranks_with_it(api_tmp):
     caller = Background(api_tmp, [OUTPUT, "sleep"])
     try:
         caller.wait_output(["[rank 0] started", "[rank 1] started"])
-        assert len(_helpers.rank_processes(_helpers.runs_dir(api_tmp), guards=False)) == 2
+        procs = _helpers.rank_processes(_helpers.runs_dir(api_tmp), guards=False)
+        # Each rank and the `sleep 300` it started, which only the run's guard can end.
+        assert sorted(p.endswith(" sleep 300") for p in procs) == [False, False, True, True], procs
         caller.signal(signal.SIGKILL)
         caller.proc.wait(timeout=10)
     finally:
         caller.kill()
     left = _helpers.wait_no_ranks(_helpers.runs_dir(api_tmp), timeout=10)
-    assert left == [], "ranks outlived their SIGKILLed caller:\n" + "\n".join(left)
+    assert left == [], "ranks or their children outlived their SIGKILLed caller:\n" + "\n".join(left)

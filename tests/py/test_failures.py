@@ -219,16 +219,16 @@ def test_a_second_sigint_kills_every_rank_at_once(airhost):
 
 
 def test_every_rank_and_what_it_started_dies_when_the_host_is_sigkilled(airhost):
-    # Each rank starts `sleep 300`, which never looks at its parent: only the rank's guard
-    # can end it once the host (SIGKILL) and then the rank (its parent-death signal) are gone.
+    # Each rank starts `sleep 300`, which never looks at its parent: once the host (SIGKILL)
+    # and the ranks (their parent-death signal) are gone, only the run's guard can end it.
     host = airhost.start(SLEEPER, "-n", "3", "--", "--ignore-int", "--ignore-term", "--grandchild")
     host.wait_printed([0, 1, 2], "ready")
     run_id = host.run_dir().name
     procs = live_processes(run_id=run_id)
-    ranks = [p for p in procs if p.cmdline[0].endswith("/airhost-rank")]
-    guards = [p for p in procs if p.cmdline == ["airhost-rank-guard"]]
+    guards = [p for p in procs if p.cmdline[0].endswith("/airhost-rank") and p.cmdline[1:] == ["--guard"]]
+    ranks = [p for p in procs if p.cmdline[0].endswith("/airhost-rank") and p not in guards]
     children = [p for p in procs if p.cmdline == ["sleep", "300"]]
-    assert (len(ranks), len(guards), len(children)) == (3, 3, 3), procs
+    assert (len(ranks), len(guards), len(children)) == (3, 1, 3), procs
     host.signal(signal.SIGKILL)
     host.proc.wait(timeout=5)
     t = time.monotonic()

@@ -257,13 +257,15 @@ def process_state(pid: int) -> str | None:
         return None
 
 
-GUARD = "airhost-rank-guard"  # the process each rank forks to end its group (rank_main.cpp)
+def is_guard(cmdline: str) -> bool:
+    """The run's group guard (`airhost-rank --guard`, host/group_guard.hpp), not a rank."""
+    return cmdline.endswith("/airhost-rank --guard")
 
 
 def rank_processes(root: Path | str | None = None, guards: bool = True) -> list[str]:
     """Live (non-zombie) processes of airhost runs: those whose environment holds
-    AIRHOST_RUN_ID (the ranks, their guards and whatever they started), and, given `root`,
-    whose AIRHOST_RUN_DIR lies under it; `guards=False` leaves the ranks' guards out. Zombies
+    AIRHOST_RUN_ID (the ranks, what they started, and each run's guard), and, given `root`,
+    whose AIRHOST_RUN_DIR lies under it; `guards=False` leaves the runs' guards out. Zombies
     are ignored: PID 1 of this container does not reap orphans. Returns 'pid [state] cmdline'
     lines."""
     found = []
@@ -283,7 +285,7 @@ def rank_processes(root: Path | str | None = None, guards: bool = True) -> list[
         if process_state(pid) in (None, "Z", "X"):
             continue
         cmd = _read(f"/proc/{pid}/cmdline").replace(b"\0", b" ").decode(errors="replace").strip()
-        if not guards and cmd == GUARD:
+        if not guards and is_guard(cmd):
             continue
         found.append(f"{pid} [{state}] {cmd[:200]}")
     return found

@@ -52,9 +52,16 @@ def scenario_sigint():
     _helpers.report(out)
 
 
+def sleeps_after_starting_a_child():
+    import subprocess
+
+    subprocess.Popen(["sleep", "300"])  # never looks at its parent
+    return sleeps_after_start()
+
+
 def scenario_sleep():
     """The test SIGKILLs this caller once every rank printed 'started'."""
-    distributed(num_accelerators=2, tracking=False)(sleeps_after_start).distributed()
+    distributed(num_accelerators=2, tracking=False)(sleeps_after_starting_a_child).distributed()
 
 
 if __name__ == "__main__":
