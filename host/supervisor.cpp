@@ -380,9 +380,15 @@ struct Supervisor::Impl {
       }
     }
 
-    // Should this process die by SIGKILL, the guard ends what the ranks started.
-    guard.start(&loop, plan.rank_argv.at(0),
-                {"AIRHOST_RUN_ID=" + plan.context.run_id, "AIRHOST_RUN_DIR=" + plan.context.run_dir});
+    // Should this process die by SIGKILL, the guard ends what the ranks started. It gets the
+    // caller's environment (what airhost-rank needs to load: LD_LIBRARY_PATH, say) and the
+    // run's id and directory, which name it as the run's in /proc.
+    std::vector<std::string> guard_env;
+    for (const auto& e : plan.base_env)
+      if (e.rfind("AIRHOST_RUN_ID=", 0) != 0 && e.rfind("AIRHOST_RUN_DIR=", 0) != 0) guard_env.push_back(e);
+    guard_env.push_back("AIRHOST_RUN_ID=" + plan.context.run_id);
+    guard_env.push_back("AIRHOST_RUN_DIR=" + plan.context.run_dir);
+    guard.start(&loop, plan.rank_argv.at(0), guard_env);
 
     const int nprocs = spec().nprocs;
     for (int i = 0; i < nprocs; ++i) {
