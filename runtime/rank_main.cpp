@@ -50,15 +50,13 @@ int run_guard() {
   const int sfd = ::signalfd(-1, &term, SFD_CLOEXEC);
   std::set<long> groups;
   std::string pending;
-  bool host_gone = ::getppid() != host;  // it died before prctl
-  while (!host_gone) {
+  while (::getppid() == host) {  // checked first too: the host may have died before prctl
     pollfd fds[2] = {{STDIN_FILENO, POLLIN, 0}, {sfd, POLLIN, 0}};
     if (::poll(fds, sfd >= 0 ? 2 : 1, sfd >= 0 ? -1 : 1000) < 0 && errno != EINTR) break;
     if (sfd >= 0 && (fds[1].revents & POLLIN)) {
       signalfd_siginfo info;  // a SIGTERM: the parent-death signal only if the host is gone
       [[maybe_unused]] const ssize_t n = ::read(sfd, &info, sizeof info);
     }
-    if (::getppid() != host) break;
     if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
       char buf[512];
       const ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
