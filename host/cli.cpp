@@ -13,7 +13,7 @@ namespace airhost::detail {
 namespace {
 
 enum class FlagId {
-  accelerators, timeout, grace, python, run_dir, master_addr, master_port,
+  accelerators, timeout, grace, python, run_dir, master_addr, master_port, max_restarts,
   prefix, no_prefix, ranks, env, config, preflight, tracking, no_tracking, json, module, help, version,
 };
 
@@ -33,6 +33,7 @@ const std::vector<FlagSpec>& flag_specs() {
       {FlagId::run_dir, {"--run-dir"}, true, "runs/exp1"},
       {FlagId::master_addr, {"--master-addr"}, true, "10.0.0.1"},
       {FlagId::master_port, {"--master-port"}, true, "29500"},
+      {FlagId::max_restarts, {"--max-restarts", "--max_restarts"}, true, "3"},
       {FlagId::prefix, {"--prefix"}, false, ""},
       {FlagId::no_prefix, {"--no-prefix"}, false, ""},
       {FlagId::ranks, {"--ranks"}, true, "0,2,3"},
@@ -239,6 +240,15 @@ class Parser {
         s.master_port = static_cast<int>(*n);
         break;
       }
+      case FlagId::max_restarts: {
+        const auto n = parse_integer(value);
+        if (!n || *n < 0 || *n > 1000) {
+          throw ConfigError(name + " must be an integer from 0 to 1000, got " + single_quoted(value) + "; e.g. " +
+                            name + " " + spec.example);
+        }
+        s.max_restarts = static_cast<int>(*n);
+        break;
+      }
       case FlagId::prefix: s.prefix = true; break;
       case FlagId::no_prefix: s.prefix = false; break;
       case FlagId::ranks: s.ranks = parse_ranks(name, value); break;
@@ -415,6 +425,8 @@ Flags:
   --master-addr A       MASTER_ADDR given to the ranks (default: 127.0.0.1)
   --master-port P       MASTER_PORT given to the ranks, 0..65535
                         (default: 0 = a free port reserved for the run)
+  --max-restarts N      after a rank fails, stop every rank and start the group again,
+                        up to N times; ranks see TORCHELASTIC_RESTART_COUNT (default: 0)
   --prefix              put "[rank N] " before each output line (the default)
   --no-prefix           forward output lines as they are
   --ranks LIST          show only these ranks' output, e.g. 0,2,3; 'all' shows every

@@ -34,6 +34,7 @@ void Settings::merge(const Settings& over) {
   take(run_dir, over.run_dir);
   take(master_addr, over.master_addr);
   take(master_port, over.master_port);
+  take(max_restarts, over.max_restarts);
   take(preflight, over.preflight);
   take(tracking, over.tracking);
   take(prefix, over.prefix);
@@ -209,6 +210,7 @@ constexpr KeyDoc kTopKeys[] = {
     {"run_dir", "a string (a directory, \"\" = the default)", "run_dir = \"/scratch/runs/exp1\""},
     {"master_addr", "a non-empty string (a host name or IP address)", "master_addr = \"127.0.0.1\""},
     {"master_port", "an integer from 0 to 65535 (0 = a free port)", "master_port = 29500"},
+    {"max_restarts", "an integer from 0 to 1000", "max_restarts = 3"},
     {"preflight", "a boolean", "preflight = true"},
     {"tracking", "a boolean", "tracking = false"},
     {"output", "a table", "a section [output] holding prefix = true"},
@@ -344,6 +346,8 @@ class ConfigReader {
       if (s.master_addr->empty()) bad(node, name, doc, "an empty string");
     } else if (name == "master_port") {
       s.master_port = static_cast<int>(integer(node, name, doc, 0, 65535));
+    } else if (name == "max_restarts") {
+      s.max_restarts = static_cast<int>(integer(node, name, doc, 0, 1000));
     } else if (name == "preflight") {
       s.preflight = boolean(node, name, doc);
     } else if (name == "tracking") {

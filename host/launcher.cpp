@@ -4,6 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <mutex>
 #include <system_error>
@@ -142,8 +144,9 @@ Launcher::~Launcher() = default;
 
 void Launcher::cancel(int signal) noexcept {
   std::lock_guard lock(impl_->mutex);
+  // Kept also while a supervisor runs: the launcher must not restart a cancelled run.
+  impl_->pending_cancel = signal ? signal : SIGINT;
   if (impl_->supervisor) impl_->supervisor->cancel(signal);
-  else if (!impl_->ran) impl_->pending_cancel = signal ? signal : SIGINT;
 }
 
 void Launcher::check() const {
@@ -185,30 +188,64 @@ RunReport Launcher::run() {
     throw LaunchError(std::string(e.what()) + "; pick another --master-port, or 0 for a free one");
   }
 
-  detail::Supervisor::Plan plan;
-  plan.spec = &spec;
-  plan.callbacks = &impl_->callbacks;
-  plan.context = {spec.run_id, spec.run_dir, port.port(), static_cast<int>(::getpid()), 3};
-  plan.base_env = detail::current_environment();
-  plan.rank_argv = {rank_binary, "--kind", entry_kind(spec.entry), "--target", target};
-  if (!spec.entry.function.empty()) plan.rank_argv.insert(plan.rank_argv.end(), {"--function", spec.entry.function});
-  if (!spec.python.empty()) plan.rank_argv.insert(plan.rank_argv.end(), {"--python", spec.python});
-  if (spec.entry.result_format != "pickle")
-    plan.rank_argv.insert(plan.rank_argv.end(), {"--result-format", spec.entry.result_format});
-  plan.rank_argv.push_back("--");
-  plan.rank_argv.insert(plan.rank_argv.end(), spec.entry.args.begin(), spec.entry.args.end());
+  std::vector<std::string> rank_argv = {rank_binary, "--kind", entry_kind(spec.entry), "--target", target};
+  if (!spec.entry.function.empty()) rank_argv.insert(rank_argv.end(), {"--function", spec.entry.function});
+  if (!spec.python.empty()) rank_argv.insert(rank_argv.end(), {"--python", spec.python});
+  if (spec.entry.result_format != "pickle") rank_argv.insert(rank_argv.end(), {"--result-format", spec.entry.result_format});
+  rank_argv.push_back("--");
+  rank_argv.insert(rank_argv.end(), spec.entry.args.begin(), spec.entry.args.end());
+  const std::vector<std::string> base_env = detail::current_environment();
 
-  detail::Supervisor supervisor(std::move(plan), detail::make_spawn_starter());
-  {
-    std::lock_guard lock(impl_->mutex);
-    impl_->supervisor = &supervisor;
-    if (impl_->pending_cancel) supervisor.cancel(impl_->pending_cancel);
+  // One Supervisor per attempt: a failed attempt is over (every rank reaped, every pipe
+  // drained) before the next one starts, with the same run directory, port and logs.
+  const double started = detail::now_seconds();
+  std::vector<std::string> failed_attempts;
+  RunReport report;
+  int attempt = 0;
+  for (;; ++attempt) {
+    detail::Supervisor::Plan plan;
+    plan.spec = &spec;
+    plan.callbacks = &impl_->callbacks;
+    plan.context = {spec.run_id, spec.run_dir, port.port(), static_cast<int>(::getpid()), 3, attempt};
+    plan.base_env = base_env;
+    plan.rank_argv = rank_argv;
+    if (spec.timeout.count() > 0) {
+      const auto used = std::chrono::milliseconds(static_cast<long long>((detail::now_seconds() - started) * 1000));
+      plan.time_limit = std::max(std::chrono::milliseconds(1), std::chrono::milliseconds(spec.timeout) - used);
+    }
+    detail::Supervisor supervisor(std::move(plan), detail::make_spawn_starter());
+    {
+      std::lock_guard lock(impl_->mutex);
+      impl_->supervisor = &supervisor;
+      if (impl_->pending_cancel) supervisor.cancel(impl_->pending_cancel);
+    }
+    report = supervisor.run();
+    {
+      std::lock_guard lock(impl_->mutex);
+      impl_->supervisor = nullptr;
+      // Only a rank's failure is worth another try: a timeout, Ctrl-C or cancel() is the
+      // caller saying stop, and so is a cancel() that arrived while this attempt ended.
+      if (report.outcome != Outcome::failed || attempt >= spec.max_restarts || impl_->pending_cancel) break;
+    }
+    failed_attempts.push_back(report.message);
+    const RestartEvent event{attempt + 1, spec.max_restarts, report.message};
+    if (impl_->callbacks.on_restart) impl_->callbacks.on_restart(event);
+    else if (spec.output.forward)
+      std::fprintf(stderr, "airhost: %s; restarting all %d rank(s) (restart %d of %d)\n", report.message.c_str(),
+                   spec.nprocs, event.restart, event.max_restarts);
+    // The logs go on in the same files; a line in each stderr log says where an attempt begins.
+    const std::string mark = "----- airhost: restart " + std::to_string(event.restart) + " of " +
+                             std::to_string(event.max_restarts) + " -----\n";
+    for (const auto& r : report.ranks) detail::append_file(r.stderr_log, mark);
   }
-  RunReport report = supervisor.run();
-  {
-    std::lock_guard lock(impl_->mutex);
-    impl_->supervisor = nullptr;
-  }
+  report.restarts = attempt;
+  report.failed_attempts = std::move(failed_attempts);
+  report.wall_seconds = detail::now_seconds() - started;
+  if (attempt > 0 && report.ok())
+    report.message += " after " + std::to_string(attempt) + " restart" + (attempt > 1 ? "s" : "");
+  else if (attempt > 0 && report.outcome == Outcome::failed && attempt == spec.max_restarts)
+    report.message += " (no restart left: the group was restarted " + std::to_string(attempt) +
+                      " time" + (attempt > 1 ? "s" : "") + ", the most max_restarts allows)";
   try {
     detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json(report, spec));
   } catch (const std::system_error& e) {

@@ -40,6 +40,7 @@ LaunchSpec make_spec(const HostOptions& opts) {
   if (s.run_dir) spec.run_dir = *s.run_dir;
   if (s.master_addr) spec.master_addr = *s.master_addr;
   if (s.master_port) spec.master_port = *s.master_port;
+  if (s.max_restarts) spec.max_restarts = *s.max_restarts;
   if (s.prefix) spec.output.prefix = *s.prefix;
   if (s.ranks) spec.output.ranks = *s.ranks;
   spec.env = s.env;

@@ -33,8 +33,8 @@ std::vector<std::string> build_rank_env(const LaunchSpec& spec, int local_rank, 
   env["MASTER_ADDR"] = spec.master_addr;
   env["MASTER_PORT"] = std::to_string(ctx.master_port);
   env["TORCHELASTIC_RUN_ID"] = ctx.run_id;
-  env["TORCHELASTIC_RESTART_COUNT"] = "0";
-  env["TORCHELASTIC_MAX_RESTARTS"] = "0";
+  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(ctx.restart_count);
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
   env["AIRHOST_RUN_ID"] = ctx.run_id;
   env["AIRHOST_RUN_DIR"] = ctx.run_dir;
   env["AIRHOST_HOST_PID"] = std::to_string(ctx.host_pid);

@@ -15,6 +15,7 @@ struct RunContext {
   int master_port = 0;
   int host_pid = 0;
   int control_fd = 3;  // where the rank finds its control channel
+  int restart_count = 0;  // 0 for the first attempt, then 1, 2, ... (LaunchSpec::max_restarts)
 };
 
 // Returns the environment ("KEY=VALUE") of local rank `local_rank`, in this order, later
@@ -37,7 +38,9 @@ struct RunContext {
 //        ROLE_NAME                "default"          /
 //        MASTER_ADDR, MASTER_PORT where rank 0 serves the rendezvous store
 //        TORCHELASTIC_RUN_ID      = AIRHOST_RUN_ID
-//        TORCHELASTIC_RESTART_COUNT=0, TORCHELASTIC_MAX_RESTARTS=0
+//        TORCHELASTIC_RESTART_COUNT  0, then 1, 2, ... after each restart of the group, so a
+//                                 script knows to resume from its last checkpoint
+//        TORCHELASTIC_MAX_RESTARTS   spec.max_restarts
 //        AIRHOST_RUN_ID, AIRHOST_RUN_DIR    the run's id and directory (logs, run.json)
 //        AIRHOST_HOST_PID         the host's pid: the rank dies with it
 //        AIRHOST_CONTROL_FD       the control channel's descriptor

@@ -86,7 +86,10 @@ std::string run_json(const RunReport& report, const LaunchSpec& spec) {
   o << "{\n  \"run_id\": " << q(report.run_id) << ",\n  \"run_dir\": " << q(report.run_dir)
     << ",\n  \"outcome\": " << q(to_string(report.outcome)) << ",\n  \"exit_code\": " << report.exit_code
     << ",\n  \"root_cause\": " << report.root_cause << ",\n  \"message\": " << q(report.message)
-    << ",\n  \"wall_seconds\": " << number(report.wall_seconds) << ",\n  \"entry\": {\"kind\": "
+    << ",\n  \"wall_seconds\": " << number(report.wall_seconds) << ",\n  \"restarts\": " << report.restarts
+    << ",\n  \"max_restarts\": " << spec.max_restarts << ",\n  \"failed_attempts\": [";
+  for (std::size_t i = 0; i < report.failed_attempts.size(); ++i) o << (i ? ", " : "") << q(report.failed_attempts[i]);
+  o << "],\n  \"entry\": {\"kind\": "
     << q(kind_name(spec.entry.kind)) << ", \"target\": " << q(spec.entry.target) << ", \"function\": "
     << q(spec.entry.function) << ", \"args\": [";
   for (std::size_t i = 0; i < spec.entry.args.size(); ++i) o << (i ? ", " : "") << q(spec.entry.args[i]);

@@ -70,4 +70,11 @@ void write_file_atomic(const std::string& path, const std::string& data) {
     throw std::system_error(errno, std::generic_category(), "cannot write " + path);
 }
 
+bool append_file(const std::string& path, const std::string& data) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  bool ok = write_all(fd, data);
+  return (::close(fd) == 0) && ok;
+}
+
 }  // namespace airhost::detail

@@ -18,4 +18,7 @@ void make_dirs(const std::string& path);
 // Writes `data` to `path` (0600) via a temporary file and rename, so readers never see half.
 void write_file_atomic(const std::string& path, const std::string& data);
 
+// Appends `data` to `path` (created 0600). Best effort: returns false when it cannot.
+bool append_file(const std::string& path, const std::string& data);
+
 }  // namespace airhost::detail

@@ -423,10 +423,10 @@ struct Supervisor::Impl {
         begin_teardown(Outcome::failed, SIGTERM);
       }
     }
-    if (spec().timeout.count() > 0) {
+    if (plan.time_limit.count() > 0) {
       uv_timer_start(&timeout_timer, [](uv_timer_t* t) {
         static_cast<Impl*>(t->data)->begin_teardown(Outcome::timed_out, SIGTERM);
-      }, static_cast<uint64_t>(spec().timeout.count()) * 1000, 0);
+      }, static_cast<uint64_t>(plan.time_limit.count()), 0);
     }
     if (int sig = cancel_signal.exchange(0)) begin_teardown(Outcome::interrupted, sig);
     maybe_finish();  // nothing started at all (every spawn failed)

@@ -1,6 +1,7 @@
 // supervisor.hpp — the libuv loop that watches one run's ranks.
 #pragma once
 
+#include <chrono>
 #include <memory>
 
 #include "airhost/launcher.hpp"
@@ -24,6 +25,9 @@ class Supervisor {
     RunContext context;
     std::vector<std::string> rank_argv;  // the command every rank runs
     std::vector<std::string> base_env;   // the caller's environment
+    // What is left of spec.timeout for this attempt (earlier attempts of a restarted run used
+    // the rest); 0 = no limit.
+    std::chrono::milliseconds time_limit{0};
   };
 
   Supervisor(Plan plan, std::unique_ptr<RankStarter> starter);

@@ -53,6 +53,7 @@ LaunchSpec spec_from_dict(const py::dict& d) {
   spec.run_dir = get<std::string>(d, "run_dir", "");
   spec.master_addr = get<std::string>(d, "master_addr", "127.0.0.1");
   spec.master_port = get<int>(d, "master_port", 0);
+  spec.max_restarts = get<int>(d, "max_restarts", 0);
   spec.working_dir = get<std::string>(d, "working_dir", "");
   spec.rank_binary = get<std::string>(d, "rank_binary", "");
   spec.output.forward = get<bool>(d, "forward", false);
@@ -71,6 +72,8 @@ py::dict report_to_dict(const RunReport& r) {
   d["run_dir"] = r.run_dir;
   d["message"] = r.message;
   d["wall_seconds"] = r.wall_seconds;
+  d["restarts"] = r.restarts;
+  d["failed_attempts"] = r.failed_attempts;
   py::list ranks;
   for (const auto& k : r.ranks) {
     py::dict rd;
@@ -116,6 +119,14 @@ class Run {
     cb.on_output = [this](int rank, Stream s, std::string_view line) {
       std::lock_guard lock(mutex_);
       lines_.push_back({rank, static_cast<int>(s), std::string(line)});
+      cv_.notify_all();
+    };
+    // A restart reaches the caller's stderr among the rank lines, as rank -1 (no prefix).
+    cb.on_restart = [this](const RestartEvent& e) {
+      std::lock_guard lock(mutex_);
+      lines_.push_back({-1, static_cast<int>(Stream::err),
+                        "airhost: " + e.reason + "; restarting every rank (restart " + std::to_string(e.restart) +
+                            " of " + std::to_string(e.max_restarts) + ")"});
       cv_.notify_all();
     };
     launcher_ = std::make_unique<Launcher>(std::move(spec), std::move(cb));

@@ -51,7 +51,10 @@ struct LaunchSpec {
   std::string python;                     // interpreter whose environment ranks use; empty = default
   std::map<std::string, std::string> env; // extra variables for every rank, applied last
   bool inherit_env = true;                // start from the caller's environment
-  std::chrono::seconds timeout{3 * 3600}; // whole-run limit; 0 = none
+  std::chrono::seconds timeout{3 * 3600}; // whole-run limit, restarts included; 0 = none
+  int max_restarts = 0;                   // after a rank fails, stop the group and start it again
+                                          // (TORCHELASTIC_RESTART_COUNT=1, 2, ...) up to this many
+                                          // times; a timeout or an interrupt is never restarted
   std::chrono::milliseconds grace{10000}; // SIGTERM → SIGKILL delay on teardown
   std::string run_id;                     // empty = generated
   std::string run_dir;                    // empty = <runs root>/<run_id>

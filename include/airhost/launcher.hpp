@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 
 #include "airhost/launch.hpp"
@@ -29,11 +30,20 @@ struct RankEvent {
   int term_signal;   // exited: the signal, or 0
 };
 
+// A failed attempt that the launcher is about to restart (LaunchSpec::max_restarts).
+struct RestartEvent {
+  int restart;              // 1 for the first restart
+  int max_restarts;
+  std::string reason;       // the failed attempt's one-sentence message
+};
+
 struct Callbacks {
   // One complete line of a rank's output, without its newline (a final line without one
   // is delivered at EOF). Called on the supervising thread; keep it quick.
   std::function<void(int rank, Stream, std::string_view line)> on_output;
   std::function<void(const RankEvent&)> on_rank_event;
+  // Before a restart. Without it, the launcher says so on stderr when output is forwarded.
+  std::function<void(const RestartEvent&)> on_restart;
 };
 
 // Runs one launch. Thread-safe only through cancel(); run() blocks until every rank is

@@ -56,8 +56,10 @@ struct RunReport {
   std::string run_id;
   std::string run_dir;
   std::string message;               // one-sentence summary of what happened
-  std::vector<RankReport> ranks;     // indexed by local rank
-  double wall_seconds = 0;
+  std::vector<RankReport> ranks;     // indexed by local rank; the last attempt's
+  double wall_seconds = 0;           // the whole run, restarts included
+  int restarts = 0;                  // how many times the group was restarted (LaunchSpec::max_restarts)
+  std::vector<std::string> failed_attempts;  // the message of each attempt that was restarted
 
   bool ok() const noexcept { return outcome == Outcome::succeeded; }
 };

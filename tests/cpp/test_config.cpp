@@ -52,6 +52,7 @@ python = "/opt/venv/bin/python"
 run_dir = "/scratch/runs/exp1"
 master_addr = "10.0.0.1"
 master_port = 29500
+max_restarts = 3
 preflight = true
 
 [output]
@@ -70,6 +71,7 @@ OMP_NUM_THREADS = "4"
   CHECK(s.run_dir == "/scratch/runs/exp1");
   CHECK(s.master_addr == "10.0.0.1");
   CHECK(s.master_port == 29500);
+  CHECK(s.max_restarts == 3);
   CHECK(s.preflight == true);
   CHECK(s.prefix == false);
   CHECK(s.ranks == std::set<int>{0, 2, 3});
@@ -85,6 +87,7 @@ TEST_CASE("an empty config file gives no setting at all") {
   CHECK_FALSE(s.run_dir);
   CHECK_FALSE(s.master_addr);
   CHECK_FALSE(s.master_port);
+  CHECK_FALSE(s.max_restarts);
   CHECK_FALSE(s.preflight);
   CHECK_FALSE(s.prefix);
   CHECK_FALSE(s.ranks);
@@ -152,6 +155,7 @@ TEST_CASE("each config error names the file, line, column and key, and says what
       {"master_port = 70000\n", "cfg.toml:1:15: key 'master_port' must be an integer from 0 to 65535",
        "got 70000; e.g. master_port = 29500"},
       {"master_port = -1\n", "cfg.toml:1:15: key 'master_port'", "got -1"},
+      {"max_restarts = 1001\n", "cfg.toml:1:16: key 'max_restarts' must be an integer from 0 to 1000", "got 1001"},
       {"preflight = \"yes\"\n", "cfg.toml:1:13: key 'preflight' must be a boolean, got a string",
        "e.g. preflight = true"},
       {"\n[output]\nprefix = \"yes\"\n", "cfg.toml:3:10: key 'output.prefix' must be a boolean, got a string",
@@ -335,6 +339,7 @@ TEST_CASE("configs/default.toml is valid and matches the built-in defaults") {
   CHECK(s.run_dir == spec.run_dir);
   CHECK(s.master_addr == spec.master_addr);
   CHECK(s.master_port == spec.master_port);
+  CHECK(s.max_restarts == spec.max_restarts);
   CHECK(s.preflight == false);
   CHECK(s.prefix == spec.output.prefix);
   CHECK(s.ranks == spec.output.ranks);

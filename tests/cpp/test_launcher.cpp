@@ -193,3 +193,55 @@ TEST_CASE("a launcher runs once") {
   CHECK(launcher.run().ok());
   CHECK_THROWS_AS(launcher.run(), LaunchError);
 }
+
+TEST_CASE("a failed group is restarted up to max_restarts times, and on_restart hears of each") {
+  TempDir dir;
+  auto script = dir.write("flaky.py",
+                          "import os, sys\n"
+                          "n = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+                          "print('attempt', n, 'of', os.environ['TORCHELASTIC_MAX_RESTARTS'])\n"
+                          "sys.exit(5 if n < int(os.environ['FAIL_UNTIL']) and os.environ['RANK'] == '0' else 0)\n");
+  std::vector<RestartEvent> restarts;
+  Recorder rec;
+  Callbacks cb = rec.callbacks();
+  cb.on_restart = [&](const RestartEvent& e) { restarts.push_back(e); };
+
+  SUBCASE("it succeeds on the third attempt") {
+    LaunchSpec spec = spec_for(dir, script, 2);
+    spec.max_restarts = 4;
+    spec.env["FAIL_UNTIL"] = "2";
+    RunReport report = Launcher(spec, cb).run();
+    CHECK(report.ok());
+    CHECK(report.restarts == 2);
+    CHECK(report.failed_attempts.size() == 2);
+    REQUIRE(restarts.size() == 2);
+    CHECK(restarts[0].restart == 1);
+    CHECK(restarts[1].restart == 2);
+    CHECK(restarts[1].max_restarts == 4);
+    CHECK(restarts[0].reason.find("rank 0 exited with code 5") != std::string::npos);
+    for (int n : {0, 1, 2}) CHECK(rec.has("1 out attempt " + std::to_string(n) + " of 4"));
+    CHECK_FALSE(rec.has("1 out attempt 3 of 4"));
+  }
+  SUBCASE("it gives up with the rank's exit code when no restart is left") {
+    LaunchSpec spec = spec_for(dir, script, 2);
+    spec.max_restarts = 1;
+    spec.env["FAIL_UNTIL"] = "9";
+    RunReport report = Launcher(spec, cb).run();
+    CHECK(report.outcome == Outcome::failed);
+    CHECK(report.exit_code == 5);
+    CHECK(report.restarts == 1);
+    CHECK(restarts.size() == 1);
+    CHECK(report.message.find("no restart left") != std::string::npos);
+  }
+  SUBCASE("cancel() before the run means no attempt is restarted") {
+    LaunchSpec spec = spec_for(dir, script, 2);
+    spec.max_restarts = 3;
+    spec.env["FAIL_UNTIL"] = "9";
+    Launcher launcher(spec, cb);
+    launcher.cancel(SIGTERM);
+    RunReport report = launcher.run();
+    CHECK(report.outcome == Outcome::interrupted);
+    CHECK(report.restarts == 0);
+    CHECK(restarts.empty());
+  }
+}

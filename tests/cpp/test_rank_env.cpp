@@ -43,6 +43,18 @@ TEST_CASE("a rank gets torchrun's variables with its own rank") {
   CHECK(env["PYTHONUNBUFFERED"] == "1");
   CHECK(env["PATH"] == "/bin");
   CHECK(env.count("CUDA_VISIBLE_DEVICES") == 0);
+  CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "0");
+  CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "0");
+}
+
+TEST_CASE("a restarted group's ranks see the restart count and the most restarts allowed") {
+  LaunchSpec spec;
+  spec.nprocs = 2;
+  spec.max_restarts = 5;
+  RunContext ctx{"run-1", "/runs/run-1", 29555, 4242, 3, 2};
+  auto env = as_map(build_rank_env(spec, 1, ctx, {"TORCHELASTIC_RESTART_COUNT=9"}));
+  CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "2");
+  CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "5");
 }
 
 TEST_CASE("OMP_NUM_THREADS defaults to 1 but the caller's value wins") {

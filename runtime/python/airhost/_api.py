@@ -49,6 +49,7 @@ class _Options:
         grace,
         env,
         prefix,
+        max_restarts=0,
     ):
         if gpus is not None:
             warnings.warn(
@@ -91,6 +92,9 @@ class _Options:
         self.grace = float(grace)
         self.env = dict(env or {})
         self.prefix = prefix
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or not 0 <= max_restarts <= 1000:
+            raise ValueError(f"max_restarts must be an integer from 0 to 1000, got {max_restarts!r}")
+        self.max_restarts = max_restarts
 
     def resolve_ranks(self):
         """→ (number of ranks, [(gpu index, uuid)] candidates or [] for CPU ranks). Raises
@@ -250,6 +254,7 @@ class _Launch:
                 "env": env,
                 "timeout": 0 if opts.timeout is None else int(math.ceil(opts.timeout)),
                 "grace": opts.grace,
+                "max_restarts": opts.max_restarts,
                 "run_id": run_id,
                 "run_dir": self.run_dir,
                 "working_dir": os.getcwd(),
@@ -275,7 +280,10 @@ class _Launch:
             streams = {1: self._out(), 2: self._err()}
             for rank, stream, data in lines:
                 text = data.decode("utf-8", "replace")
-                streams[stream].write(f"[rank {rank}] {text}\n" if self.opts.prefix else text + "\n")
+                if rank < 0 or not self.opts.prefix:  # rank -1: airhost's own word (a restart)
+                    streams[stream].write(text + "\n")
+                else:
+                    streams[stream].write(f"[rank {rank}] {text}\n")
             for s in streams.values():
                 s.flush()
         return done
@@ -472,6 +480,7 @@ def distributed(
     grace: float = 10.0,
     env: Optional[Dict[str, str]] = None,
     prefix: bool = True,
+    max_restarts: int = 0,
 ):
     """Decorates a function so that `fn.distributed(*args, **kwargs)` runs it on every rank.
 
@@ -485,6 +494,9 @@ def distributed(
     grace: seconds between SIGTERM and SIGKILL when the ranks are stopped.
     env: extra environment variables for every rank.
     prefix: put "[rank N] " before every line of rank output.
+    max_restarts: after a rank fails, stop every rank and run the function again on all of
+        them, up to this many times (ranks see TORCHELASTIC_RESTART_COUNT); the results are
+        the last attempt's. A timeout or an interrupt is never restarted.
     """
     if fn is not None and not callable(fn):
         if isinstance(fn, int) and num_accelerators is None:  # distributed(8): positional count
@@ -492,7 +504,17 @@ def distributed(
         else:
             raise TypeError("use @distributed or @distributed(num_accelerators=..., ...)")
     opts = _Options(
-        num_accelerators, accelerator_type, timeout, gpus, gpu_type, tracking, wait_for_accelerators, grace, env, prefix
+        num_accelerators,
+        accelerator_type,
+        timeout,
+        gpus,
+        gpu_type,
+        tracking,
+        wait_for_accelerators,
+        grace,
+        env,
+        prefix,
+        max_restarts,
     )
     if fn is not None:
         return DistributedFunction(fn, opts)
