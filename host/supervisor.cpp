@@ -28,6 +28,16 @@ constexpr uint64_t kDrainMs = 3000;
 template <typename H>
 uv_handle_t* as_handle(H* h) { return reinterpret_cast<uv_handle_t*>(h); }
 
+// An error a rank raises because another rank went away: gloo's and NCCL's words for a peer
+// that closed its connection or aborted the communicator.
+bool is_lost_peer_error(const ErrorRecord& e) {
+  if (e.type.ends_with("DistNetworkError")) return true;
+  for (const char* words : {"Connection closed by peer", "Connection reset by peer", "remote worker crashing",
+                            "NCCL communicator was aborted", "Broken pipe"})
+    if (e.message.find(words) != std::string::npos) return true;
+  return false;
+}
+
 }  // namespace
 
 struct Supervisor::Impl {
@@ -299,13 +309,20 @@ struct Supervisor::Impl {
     for (auto& r : ranks) rep.ranks.push_back(r->report);
 
     // The root cause is the earliest failure: the time its exception was caught, or its
-    // exit when it raised none (a segfault, os._exit). Cascading failures come later.
+    // exit when it raised none (a segfault, os._exit). Cascading failures come later, with
+    // one exception: a peer's death reaches the other ranks' sockets at once, while we learn
+    // of it only when SIGCHLD is handled, so "connection closed by peer" can carry an earlier
+    // time than the crash that caused it. Such errors are the root cause only when nothing
+    // else failed.
     double earliest = std::numeric_limits<double>::infinity();
+    bool earliest_is_cascade = true;
     for (auto& r : rep.ranks) {
       if (r.state != RankState::failed) continue;
-      double t = r.error ? std::min(r.error->time, r.ended_at) : r.ended_at;
-      if (t < earliest) {
+      const double t = r.error ? std::min(r.error->time, r.ended_at) : r.ended_at;
+      const bool cascade = r.error && is_lost_peer_error(*r.error);
+      if ((earliest_is_cascade && !cascade) || (cascade == earliest_is_cascade && t < earliest)) {
         earliest = t;
+        earliest_is_cascade = cascade;
         rep.root_cause = r.rank;
       }
     }
