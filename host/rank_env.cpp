@@ -17,6 +17,7 @@ std::vector<std::string> build_rank_env(const LaunchSpec& spec, int local_rank, 
   }
 
   env.try_emplace("OMP_NUM_THREADS", "1");
+  env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
 
   const int rank = spec.node_rank * spec.nprocs + local_rank;
   const int world = spec.nnodes * spec.nprocs;
@@ -35,6 +36,7 @@ std::vector<std::string> build_rank_env(const LaunchSpec& spec, int local_rank, 
   env["TORCHELASTIC_RUN_ID"] = ctx.run_id;
   env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(ctx.restart_count);
   env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(spec.max_restarts);
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
   env["AIRHOST_RUN_ID"] = ctx.run_id;
   env["AIRHOST_RUN_DIR"] = ctx.run_dir;
   env["AIRHOST_HOST_PID"] = std::to_string(ctx.host_pid);

@@ -26,6 +26,9 @@ struct RunContext {
 //   2. defaults that apply only when the caller did not set them:
 //        OMP_NUM_THREADS=1        N ranks × all cores of threads would oversubscribe the CPU
 //                                 (torchrun does the same);
+//        TORCH_NCCL_ASYNC_ERROR_HANDLING=1   as torchrun's agent sets it: a failed or timed-out
+//                                 NCCL collective aborts the communicator, then the process,
+//                                 instead of tearing down without the abort (torch's default 3);
 //   3. what airhost decides, always:
 //        PYTHONUNBUFFERED=1       output reaches the host (and the user) as it is printed;
 //        RANK                     global rank = node_rank * nprocs + local_rank
@@ -41,6 +44,9 @@ struct RunContext {
 //        TORCHELASTIC_RESTART_COUNT  0, then 1, 2, ... after each restart of the group, so a
 //                                 script knows to resume from its last checkpoint
 //        TORCHELASTIC_MAX_RESTARTS   spec.max_restarts
+//        TORCHELASTIC_USE_AGENT_STORE=False  rank 0 serves the rendezvous store, not an agent; a
+//                                 caller that is itself a torchrun worker has True, which
+//                                 would leave every rank waiting for a store nobody serves
 //        AIRHOST_RUN_ID, AIRHOST_RUN_DIR    the run's id and directory (logs, run.json)
 //        AIRHOST_HOST_PID         the host's pid: the rank dies with it
 //        AIRHOST_CONTROL_FD       the control channel's descriptor

@@ -45,6 +45,17 @@ TEST_CASE("a rank gets torchrun's variables with its own rank") {
   CHECK(env.count("CUDA_VISIBLE_DEVICES") == 0);
   CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "0");
   CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "0");
+  CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");
+  CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
+}
+
+TEST_CASE("a caller that is itself a torchrun worker does not pass its agent store on") {
+  LaunchSpec spec;
+  RunContext ctx{"r", "/d", 1, 1, 3};
+  auto env = as_map(build_rank_env(spec, 0, ctx, {"TORCHELASTIC_USE_AGENT_STORE=True",
+                                                  "TORCH_NCCL_ASYNC_ERROR_HANDLING=3"}));
+  CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");
+  CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3");  // the caller's choice stands
 }
 
 TEST_CASE("a restarted group's ranks see the restart count and the most restarts allowed") {
