@@ -13,5 +13,7 @@ __version__ = "0.1.0"
 
 from ._accelerators import AcceleratorType, GPUType  # noqa: E402
 from ._api import DistributedError, DistributedFunction, RunFuture, distributed  # noqa: E402
+from ._ray import ray_init  # noqa: E402
 
-__all__ = ["distributed", "AcceleratorType", "GPUType", "DistributedError", "DistributedFunction", "RunFuture"]
+__all__ = ["distributed", "AcceleratorType", "GPUType", "DistributedError", "DistributedFunction", "RunFuture",
+           "ray_init"]
