@@ -12,6 +12,12 @@
 #   5. ddp       `airhost examples/mlp_ddp.py --accelerators 1 --preflight`: the unchanged
 #                example, 1 rank over NCCL (NCCL_DEBUG=INFO shows NCCL's version line);
 #                exit 0 wanted (its loss must fall below 0.05)
+#   6. fsdp      `airhost examples/fsdp.py --accelerators N`: FSDP2 (fully_shard) on a cuda
+#                device mesh over NCCL, N = 2 where the node has 2 GPUs or more, else 1; exit 0
+#                wanted (loss below 0.05, every rank gathers the same full weights)
+#   7. deepspeed `airhost examples/deepspeed_zero.py --accelerators N`: DeepSpeed ZeRO-3 on its
+#                CUDA accelerator over NCCL (deepspeed==0.19.8 is pip-installed into .venv
+#                first when it is missing); exit 0 wanted, as for fsdp
 #
 # The CUDA runtime, NCCL and cuBLAS come from the system (ldconfig's path, /usr/local/cuda)
 # or from the NVIDIA wheels torch brings into .venv (nvidia-nccl-cu12, nvidia-cuda-runtime-
@@ -45,7 +51,7 @@ record() {  # record NAME PASS|FAIL|SKIP DETAIL
   names+=("$1")
   results+=("$2")
   details+=("$3")
-  printf '%-7s %-4s %s\n' "$1" "$2" "$3"
+  printf '%-9s %-4s %s\n' "$1" "$2" "$3"
 }
 started=$(date +%s)
 
@@ -75,7 +81,7 @@ else
 fi
 
 if [ ! -x "$AIRHOST" ] || [ ! -x "$PY" ]; then
-  for step in torch doctor json ddp; do record "$step" SKIP "no airhost build"; done
+  for step in torch doctor json ddp fsdp deepspeed; do record "$step" SKIP "no airhost build"; done
 else
   # --- 2. torch -------------------------------------------------------------------------------
   torch_probe='import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available(), torch.cuda.device_count())'
@@ -152,6 +158,43 @@ print("%d GPU(s) %s, driver %s (CUDA %s), runtime %s, NCCL %s, cuBLAS %s; busbw 
   else
     record ddp FAIL "exit $rc ($loss); see $LOGS/ddp.txt"
   fi
+
+  # --- 6. fsdp and 7. deepspeed ---------------------------------------------------------------
+  # Two ranks where there are two GPUs, so that the weights are really sharded across GPUs and
+  # NCCL carries the all-gathers and reduce-scatters; the examples' default 5 epochs bring
+  # their loss below 0.05 at 1 or 2 ranks.
+  case "${t_count:-}" in ''|*[!0-9]*) ranks=1 ;; *) ranks=$(( t_count >= 2 ? 2 : 1 )) ;; esac
+  sharded_example() {  # sharded_example STEP SCRIPT: runs it, records PASS or FAIL
+    local step=$1 example=$2 t0 rc nccl_line loss agree
+    t0=$(date +%s)
+    (cd "$ROOT" && timeout 240 "$AIRHOST" "$example" --accelerators "$ranks" --env NCCL_DEBUG=INFO \
+        --run-dir "$LOGS/$step-run-$(date +%Y%m%d-%H%M%S)") >"$LOGS/$step.txt" 2>&1
+    rc=$?
+    grep -E 'epoch|final loss|weights sha256|DISAGREE|NCCL version|accelerator to|Error|error' "$LOGS/$step.txt" \
+      | head -20 | sed 's/^/   | /'
+    nccl_line=$(grep -m 1 -o 'NCCL version [^ ]*' "$LOGS/$step.txt")
+    loss=$(grep -o 'final loss [0-9.]*' "$LOGS/$step.txt" | tail -n 1)
+    agree=$(grep -o 'weights sha256 [0-9a-f]* on all [0-9]* ranks' "$LOGS/$step.txt" | tail -n 1)
+    if [ $rc = 0 ] && [ -n "$nccl_line" ] && [ -n "$agree" ]; then
+      record "$step" PASS "exit 0 in $(( $(date +%s) - t0 )) s on $ranks GPU(s), $loss, $agree, $nccl_line"
+    elif [ $rc = 0 ]; then
+      record "$step" FAIL "exit 0 ($loss) but no 'NCCL version' line: the ranks did not use NCCL (CPU torch?)"
+    else
+      record "$step" FAIL "exit $rc ($loss); see $LOGS/$step.txt"
+    fi
+  }
+  sharded_example fsdp examples/fsdp.py
+
+  if ! "$PY" -c "import deepspeed" >/dev/null 2>&1; then
+    echo "   deepspeed is not installed in .venv: installing deepspeed==0.19.8"
+    "$PY" -m pip install -q --disable-pip-version-check --no-build-isolation "deepspeed==0.19.8" >"$LOGS/deepspeed-install.log" 2>&1 \
+      || echo "   deepspeed install failed; see $LOGS/deepspeed-install.log"
+  fi
+  if "$PY" -c "import deepspeed" >/dev/null 2>&1; then
+    sharded_example deepspeed examples/deepspeed_zero.py
+  else
+    record deepspeed FAIL "deepspeed is not importable in .venv; see $LOGS/deepspeed-install.log"
+  fi
 fi
 
 # --- Summary ----------------------------------------------------------------------------------
@@ -159,7 +202,7 @@ echo
 echo "== Summary ($(( $(date +%s) - started )) s)"
 failed=0
 for i in "${!names[@]}"; do
-  printf '%-4s  %-7s %s\n' "${results[$i]}" "${names[$i]}" "${details[$i]}"
+  printf '%-4s  %-9s %s\n' "${results[$i]}" "${names[$i]}" "${details[$i]}"
   [ "${results[$i]}" = FAIL ] && failed=1
 done
 if [ $failed = 0 ]; then
