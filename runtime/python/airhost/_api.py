@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
+import io
 import math
 import os
 import pickle
@@ -133,8 +134,26 @@ def _cloudpickle():
     return cloudpickle
 
 
-def _describe_unpicklable(fn, args, kwargs) -> str:
+def _dumps(obj) -> bytes:
+    """cloudpickle.dumps, knowing torch.ops: a function from __main__ whose code says
+    `torch.ops` (custom ops, DeepSpeed) makes cloudpickle look up "torch.ops" in sys.modules,
+    where torch registers an `_Ops` object, not a module, which it then fails to pickle. It
+    travels as what it is: an attribute of the torch module."""
     cp = _cloudpickle()
+
+    class Pickler(cp.CloudPickler):
+        def reducer_override(self, obj):
+            t = type(obj)
+            if t.__name__ == "_Ops" and t.__module__ == "torch._ops":
+                return getattr, (sys.modules["torch"], "ops")
+            return super().reducer_override(obj)
+
+    buf = io.BytesIO()
+    Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
+
+
+def _describe_unpicklable(fn, args, kwargs) -> str:
     candidates = [(f"argument {i} of {fn.__qualname__}", a) for i, a in enumerate(args)]
     candidates += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
     code = getattr(fn, "__code__", None)
@@ -149,21 +168,20 @@ def _describe_unpicklable(fn, args, kwargs) -> str:
     candidates.append((f"the function {fn.__qualname__}", fn))
     for what, obj in candidates:
         try:
-            cp.dumps(obj)
+            _dumps(obj)
         except Exception as e:
             return f"{what} ({type(obj).__name__}) cannot be pickled: {e}"
     return "the function or its arguments cannot be pickled"
 
 
 def _payload(fn, args, kwargs) -> list:
-    cp = _cloudpickle()
     code = getattr(fn, "__code__", None)
     meta = pickle.dumps(
         {"sys_path": list(sys.path), "filename": code.co_filename if code else None, "format": 1},
         protocol=pickle.HIGHEST_PROTOCOL,
     )
     try:
-        body = cp.dumps((fn, args, kwargs))
+        body = _dumps((fn, args, kwargs))
     except (MemoryError, OverflowError) as e:
         raise ValueError(
             f"the function and its arguments are too large to send to the ranks ({type(e).__name__}); "
