@@ -146,26 +146,27 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "airhost: preflight passed (%zu GPU(s), interpreter imports torch)\n", spec.devices.size());
   }
 
-  // The MLflow run's variables go to the ranks; the caller's own MLFLOW_* stay in the
-  // inherited environment otherwise.
-  std::map<std::string, std::string> tracking;
+  // The MLflow run is made beside the ranks' start (tracking.hpp); the ranks learn of it
+  // through a file in the run directory, which must therefore be known now.
+  if (spec.run_id.empty()) spec.run_id = make_run_id();
+  if (spec.run_dir.empty()) spec.run_dir = default_runs_root() + "/" + spec.run_id;
   // Flags and files win; AIRHOST_TRACKING=0 turns it off for a whole CI job or test suite.
   const bool track = opts.settings.tracking.value_or(getenv_or("AIRHOST_TRACKING", "1") != "0");
+  TrackingRun tracking;
   if (track) {
-    tracking = start_tracking(spec.python, spec.entry.target, spec.nprocs);
-    for (const auto& [k, v] : tracking) spec.env.try_emplace(k, v);
+    tracking = TrackingRun::start(spec.python, spec.entry.target, spec.nprocs, spec.run_dir + "/tracking.env");
+    for (const auto& [k, v] : tracking.rank_env()) spec.env.try_emplace(k, v);
   }
-  const std::string python = spec.python;
 
   Launcher launcher(std::move(spec));
   RunReport report;
   try {
     report = launcher.run();
   } catch (const LaunchError& e) {
-    finish_tracking(python, tracking, Outcome::failed);
+    tracking.finish(Outcome::failed);
     return usage_error(e.what());
   }
-  finish_tracking(python, tracking, report.outcome);
+  tracking.finish(report.outcome);
 
   try {
     save_results(report);

@@ -1,88 +1,168 @@
 #include "tracking.hpp"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
 
 #include "util.hpp"
+
+extern char** environ;
 
 namespace airhost::detail {
 namespace {
 
-// Run in the ranks' interpreter with -c, so it needs nothing of airhost there, and costs
-// one interpreter start (no mlflow import) when mlflow is absent. Prints KEY=VALUE lines;
-// MESSAGE is for the user.
-constexpr const char* kStart = R"PY(
-import importlib.util, os, sys
+// Run in the ranks' interpreter with -c, so it needs nothing of airhost there. argv: the env
+// file, the run name, the rank count, the seconds to defer the work by. The file appears
+// atomically (rename), once: either the run's variables or NONE=<why>. Then one line on stdin
+// is the final status; end of file without one means the host died, and the run is KILLED.
+constexpr const char* kHelper = R"PY(
+import importlib.util, os, select, sys, time
+path, name, nprocs, defer = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+def publish(text):
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+# Until a rank imports mlflow (it creates PATH.want), the launch ends (a line on stdin) or
+# `defer` seconds pass, wait: importing mlflow is seconds of CPU, and any CPU taken while the
+# ranks start (import torch, ...) is start-up time lost, however low its priority.
+end = time.monotonic() + defer
+while time.monotonic() < end and not os.path.exists(path + ".want"):
+    if select.select([sys.stdin], [], [], 0.05)[0]:
+        break
 if importlib.util.find_spec("mlflow") is None:
+    publish("NONE=mlflow is not installed\n")
     sys.exit(0)
-import mlflow
-from mlflow.tracking import MlflowClient
-name, nprocs = sys.argv[1], sys.argv[2]
-exp_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
-if not exp_id:
-    exp_id = mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or "airhost").experiment_id
-tags = {"airhost.entry": name}
-parent = os.environ.get("MLFLOW_RUN_ID")
-if parent:
-    tags["mlflow.parentRunId"] = parent
-client = MlflowClient()
-run = client.create_run(exp_id, tags=tags, run_name=os.path.basename(name))
-client.log_param(run.info.run_id, "num_accelerators", nprocs)
-uri = mlflow.get_tracking_uri()
-if uri.startswith(("http://", "https://", "databricks")):
-    where = f"{uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run.info.run_id}"
-else:
-    where = f"run {run.info.run_id}; view it with: mlflow ui --backend-store-uri {uri}"
-print(f"MLFLOW_RUN_ID={run.info.run_id}\nMLFLOW_TRACKING_URI={uri}\nMLFLOW_EXPERIMENT_ID={exp_id}\nMESSAGE=airhost: MLflow {where}")
+try:
+    import mlflow
+    from mlflow.tracking import MlflowClient
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        # mlflow's own default is ./mlflow.db: a database in every directory a job starts from.
+        state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+        os.makedirs(os.path.join(state, "airhost"), mode=0o700, exist_ok=True)
+        mlflow.set_tracking_uri("sqlite:///" + os.path.join(state, "airhost", "mlflow.db"))
+    exp_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
+    if not exp_id:
+        exp_id = mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME") or "airhost").experiment_id
+    tags = {"airhost.entry": name}
+    parent = os.environ.get("MLFLOW_RUN_ID")
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    client = MlflowClient()
+    run_id = client.create_run(exp_id, tags=tags, run_name=os.path.basename(name)).info.run_id
+    client.log_param(run_id, "num_accelerators", nprocs)
+    uri = mlflow.get_tracking_uri()
+except Exception as e:
+    publish("NONE=%s\n" % str(e).replace("\n", " "))
+    print("airhost: mlflow is installed but no run could be created (%s); training without tracking "
+          "(check MLFLOW_TRACKING_URI, or pass --no-tracking)" % str(e).splitlines()[0][:300], file=sys.stderr, flush=True)
+    sys.exit(0)
+lines = ["MLFLOW_RUN_ID=" + run_id, "MLFLOW_TRACKING_URI=" + uri, "MLFLOW_EXPERIMENT_ID=" + exp_id]
 if uri.startswith("sqlite:"):
-    print("AIRHOST_MLFLOW_RETRY=1")
+    lines.append("AIRHOST_MLFLOW_RETRY=1")
+publish("\n".join(lines) + "\n")
+if uri.startswith(("http://", "https://", "databricks")):
+    where = "%s/#/experiments/%s/runs/%s" % (uri.rstrip("/"), exp_id, run_id)
+else:
+    where = "run %s; view it with: mlflow ui --backend-store-uri %s" % (run_id, uri)
+print("airhost: MLflow " + where, file=sys.stderr, flush=True)
+status = sys.stdin.readline().strip() or "KILLED"
+try:
+    client.set_terminated(run_id, status=status)
+except Exception as e:
+    print("airhost: could not set MLflow run %s to %s: %s" % (run_id, status, e), file=sys.stderr, flush=True)
+    sys.exit(1)
 )PY";
 
-constexpr const char* kFinish = R"PY(
-import sys
-from mlflow.tracking import MlflowClient
-MlflowClient().set_terminated(sys.argv[1], status=sys.argv[2])
-)PY";
+// How long the run's creation may wait for a rank to need it: past the ranks' start-up.
+constexpr int kDeferSeconds = 15;
+
+const char* status_of(Outcome outcome) {
+  return outcome == Outcome::succeeded ? "FINISHED" : outcome == Outcome::interrupted ? "KILLED" : "FAILED";
+}
 
 }  // namespace
 
-std::map<std::string, std::string> start_tracking(const std::string& python, const std::string& run_name,
-                                                  int nprocs) {
-  std::map<std::string, std::string> env;
+TrackingRun TrackingRun::start(const std::string& python, const std::string& run_name, int nprocs,
+                               const std::string& env_file) {
+  TrackingRun run;
+  int pipefd[2];
+  if (::pipe2(pipefd, O_CLOEXEC) < 0) return run;
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipefd[0], STDIN_FILENO);  // dup2 clears CLOEXEC
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
   const std::string py = python.empty() ? "python3" : python;
-  const std::string cmd = shell_quote(py) + " -c " + shell_quote(kStart) + " " + shell_quote(run_name) + " " +
-                          std::to_string(nprocs) + " 2>/dev/null";
-  std::string out;
-  const int rc = run_capture(cmd, out);
-  if (rc == -1) return env;
-  std::string message;
-  std::size_t at = 0;
-  while (at < out.size()) {
-    std::size_t nl = out.find('\n', at);
-    std::string line = out.substr(at, nl == std::string::npos ? std::string::npos : nl - at);
-    at = nl == std::string::npos ? out.size() : nl + 1;
-    auto eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    if (line.compare(0, eq, "MESSAGE") == 0) message = line.substr(eq + 1);
-    else env[line.substr(0, eq)] = line.substr(eq + 1);
+  const std::string count = std::to_string(nprocs);
+  const std::string defer = std::to_string(kDeferSeconds);
+  std::vector<const char*> argv = {py.c_str(), "-c",           kHelper,       env_file.c_str(),
+                                   run_name.c_str(), count.c_str(), defer.c_str(), nullptr};
+  pid_t pid = -1;
+  const int rc = ::posix_spawnp(&pid, py.c_str(), &actions, nullptr, const_cast<char* const*>(argv.data()), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(pipefd[0]);
+  if (rc != 0) {
+    ::close(pipefd[1]);
+    std::fprintf(stderr, "airhost: cannot start %s for MLflow tracking (%s); training without tracking\n", py.c_str(),
+                 std::strerror(rc));
+    return run;
   }
-  if (rc != 0 || !env.count("MLFLOW_RUN_ID")) {
-    if (rc != 0)
-      std::fprintf(stderr, "airhost: mlflow is installed but no run could be created; training without "
-                           "tracking (check MLFLOW_TRACKING_URI, or pass --no-tracking)\n");
-    return {};
-  }
-  if (!message.empty()) std::fprintf(stderr, "%s\n", message.c_str());
-  return env;
+  run.pid_ = pid;
+  run.status_fd_ = pipefd[1];
+  run.env_file_ = env_file;
+  return run;
 }
 
-void finish_tracking(const std::string& python, const std::map<std::string, std::string>& env, Outcome outcome) {
-  auto id = env.find("MLFLOW_RUN_ID");
-  if (id == env.end()) return;
-  const char* status = outcome == Outcome::succeeded ? "FINISHED" : outcome == Outcome::interrupted ? "KILLED" : "FAILED";
-  const std::string py = python.empty() ? "python3" : python;
-  const std::string cmd = shell_quote(py) + " -c " + shell_quote(kFinish) + " " + shell_quote(id->second) + " " + status;
-  if (std::system(cmd.c_str()) != 0)
-    std::fprintf(stderr, "airhost: could not set MLflow run %s to %s\n", id->second.c_str(), status);
+std::map<std::string, std::string> TrackingRun::rank_env() const {
+  if (pid_ < 0) return {};
+  return {{"AIRHOST_MLFLOW_PENDING", env_file_}};
+}
+
+void TrackingRun::finish(Outcome outcome) {
+  if (pid_ < 0) return;
+  const std::string line = std::string(status_of(outcome)) + "\n";
+  write_all(status_fd_, line);  // fails harmlessly when the helper already left (no mlflow)
+  ::close(status_fd_);
+  status_fd_ = -1;
+  // Setting a status is one request; a tracking server that does not answer in 30 s is not
+  // worth holding the exit of a finished run for.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  int status = 0;
+  while (::waitpid(pid_, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::fprintf(stderr, "airhost: the MLflow helper did not finish in 30 s; its run may stay RUNNING\n");
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  pid_ = -1;
+}
+
+TrackingRun::~TrackingRun() {
+  if (status_fd_ >= 0) ::close(status_fd_);  // the helper reads EOF and marks the run KILLED
+  if (pid_ > 0) ::waitpid(pid_, nullptr, 0);
+}
+
+TrackingRun::TrackingRun(TrackingRun&& other) noexcept { *this = std::move(other); }
+
+TrackingRun& TrackingRun::operator=(TrackingRun&& other) noexcept {
+  if (this != &other) {
+    std::swap(pid_, other.pid_);
+    std::swap(status_fd_, other.status_fd_);
+    std::swap(env_file_, other.env_file_);
+  }
+  return *this;
 }
 
 }  // namespace airhost::detail

@@ -110,10 +110,89 @@ class _PatchSqlStoreOnImport:
         return spec
 
 
+# The launch's MLflow run is made beside the ranks' start, not before it (host/tracking.hpp,
+# airhost/_tracking.py): AIRHOST_MLFLOW_PENDING names the file where its variables will be.
+# Only a rank that uses mlflow needs them, so they are bound when mlflow is imported
+# (executed, not merely looked up: find_spec probes of Lightning and friends bind nothing).
+# The rank then asks for the run (PATH.want), imports mlflow while the host's helper makes
+# the run, and waits for the file only after that. mlflow reads these variables when first
+# used, not at import. A rank that never imports mlflow never waits.
+_MLFLOW_WAIT = 120.0  # seconds; a tracking server that slow must not hold training hostage
+
+
+def _ask_for_mlflow_run(path):
+    try:
+        os.close(os.open(path + ".want", os.O_WRONLY | os.O_CREAT, 0o600))
+    except OSError:
+        pass
+
+
+def _bind_mlflow_run(path):
+    start = time.monotonic()
+    said = False
+    while not os.path.exists(path):
+        waited = time.monotonic() - start
+        if waited > _MLFLOW_WAIT:
+            sys.stderr.write(f"airhost: no MLflow run after {_MLFLOW_WAIT:.0f} s; mlflow goes on without it\n")
+            return
+        if not said and waited > 10:
+            sys.stderr.write("airhost: waiting for the launch's MLflow run to be created\n")
+            said = True
+        time.sleep(0.01)
+    try:
+        with open(path) as f:
+            pairs = [line.rstrip("\n").split("=", 1) for line in f if "=" in line]
+    except OSError:
+        return
+    values = dict(pairs)
+    if "NONE" in values:
+        return
+    for key, value in values.items():
+        os.environ.setdefault(key, value)  # a variable the user set for the rank wins
+
+
+class _BindMlflowRunOnImport:
+    def __init__(self, path):
+        self.path = path
+
+    def find_spec(self, name, path, target=None):
+        if name != "mlflow":
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+        hook = self
+
+        def bind_around_exec(module):
+            if hook not in sys.meta_path:
+                return exec_module(module)
+            sys.meta_path.remove(hook)
+            _ask_for_mlflow_run(hook.path)
+            # Whatever store the run turns out to be on, SQLite's retry must be in place
+            # before mlflow imports its SQL store; on any other store it is never triggered.
+            if not any(isinstance(f, _PatchSqlStoreOnImport) for f in sys.meta_path):
+                sys.meta_path.insert(0, _PatchSqlStoreOnImport())
+            exec_module(module)
+            _bind_mlflow_run(hook.path)
+
+        spec.loader.exec_module = bind_around_exec
+        return spec
+
+
 def install():
     sys.excepthook = _excepthook
     if os.environ.get("AIRHOST_MLFLOW_RETRY") == "1":
         sys.meta_path.insert(0, _PatchSqlStoreOnImport())
+    pending = os.environ.get("AIRHOST_MLFLOW_PENDING", "")
+    if pending:
+        sys.meta_path.insert(0, _BindMlflowRunOnImport(pending))
 
 
 def _send_result(value, result_format="pickle"):

@@ -261,7 +261,8 @@ class _Launch:
                 out=self._err(),
             )
             env = dict(opts.env)
-            env.update(self.tracking.start())
+            for key, value in self.tracking.start(os.path.join(self.run_dir, "tracking.env")).items():
+                env.setdefault(key, value)
             self.spec = {
                 "kind": "pickled",
                 "target": payload_path,

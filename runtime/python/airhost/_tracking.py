@@ -1,88 +1,150 @@
-"""An MLflow run per launch, when mlflow is importable.
+"""An MLflow run per `.distributed()` call, when mlflow is installed, made beside the ranks'
+start rather than before it.
 
-The caller creates the run (nested under the active one, if any) and hands its id to the
-ranks through MLFLOW_RUN_ID / MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_ID, so a plain
-`mlflow.log_metric(...)` on any rank lands in it. Ranks that end their fluent run at exit
-mark it FINISHED; the caller sets the final status afterwards, so the run always ends
-FINISHED, FAILED or KILLED by the launch's real outcome.
+Importing mlflow takes a second or more of CPU; done before the ranks start, every call
+would wait for it, and done beside their start it slows them by as much. So when mlflow is
+not imported in the caller yet, a thread of the caller waits until a rank imports mlflow (it
+creates <file>.want), the call ends, or DEFER_SECONDS pass, then imports mlflow, creates the
+run, and writes its variables (MLFLOW_RUN_ID, MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_ID) to
+a file in the run directory. (With mlflow imported already, as from the second call of a
+notebook on, the run is made at once: it costs milliseconds.) Ranks get
+AIRHOST_MLFLOW_PENDING=<that file>; a rank binds the run when it imports mlflow
+(bootstrap.py), waiting for the file if need be, so a plain `mlflow.log_metric(...)` on any
+rank lands in the run, and a rank that never touches mlflow never waits. The host CLI does
+the same with a helper process (host/tracking.hpp).
+
+The run is nested under the caller's active run, if any. Ranks that end their fluent run at
+exit mark it FINISHED; finish() sets the final status afterwards, so the run always ends
+FINISHED, FAILED or KILLED by the call's real outcome.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
+import threading
+import time
 from typing import Dict, Optional
 
 DEFAULT_EXPERIMENT = "airhost"
+DEFER_SECONDS = 15.0  # past the ranks' start-up
 
 
-def _import_mlflow():
-    try:
-        import mlflow  # noqa: F401
-    except Exception:  # not installed, or broken: tracking is an extra, never a blocker
-        return None
-    return mlflow
+def _publish(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 class Tracking:
     def __init__(self, enabled: bool, run_name: str, params: Dict[str, object], out=None):
-        self.mlflow = _import_mlflow() if enabled else None
+        # find_spec of a top-level name looks for it without importing it.
+        self.enabled = bool(enabled) and importlib.util.find_spec("mlflow") is not None
         self.run_name = run_name
         self.params = params
         self.run_id: Optional[str] = None
-        self._started_fluent = False
+        self._client = None
+        self._thread: Optional[threading.Thread] = None
+        self._ending = threading.Event()
         self._out = out or sys.stderr
 
     @property
     def active(self) -> bool:
-        return self.run_id is not None
+        return self.enabled and self._thread is not None
 
-    def start(self) -> Dict[str, str]:
-        """Creates the run; returns the variables that point ranks at it."""
-        mlflow = self.mlflow
-        if mlflow is None:
+    def start(self, env_file: str) -> Dict[str, str]:
+        """Starts creating the run; returns at once with the variables that point ranks at it."""
+        if not self.enabled:
             return {}
-        from mlflow.tracking import fluent
+        # What only the caller's thread can tell: its active run (the parent) and experiment.
+        # Without mlflow imported here yet, the caller has neither.
+        parent = experiment_id = None
+        mlflow = sys.modules.get("mlflow")
+        if mlflow is not None:
+            try:
+                active = mlflow.active_run()
+                parent = active.info.run_id if active else None
+                fluent = sys.modules.get("mlflow.tracking.fluent")
+                experiment_id = getattr(fluent, "_active_experiment_id", None)
+            except Exception:
+                pass
+        self._thread = threading.Thread(
+            target=self._create,
+            args=(env_file, parent, experiment_id, mlflow is None),
+            name="airhost-mlflow",
+            daemon=True,
+        )
+        self._thread.start()
+        return {"AIRHOST_MLFLOW_PENDING": env_file}
 
-        if not (
-            os.environ.get("MLFLOW_EXPERIMENT_NAME")
-            or os.environ.get("MLFLOW_EXPERIMENT_ID")
-            or getattr(fluent, "_active_experiment_id", None)
-        ):
-            mlflow.set_experiment(DEFAULT_EXPERIMENT)
-        parent = mlflow.active_run()
-        run = mlflow.start_run(run_name=self.run_name, nested=parent is not None)
-        self._started_fluent = True
-        self.run_id = run.info.run_id
+    def _create(self, env_file: str, parent: Optional[str], experiment_id: Optional[str], defer: bool) -> None:
+        if defer:
+            deadline = time.monotonic() + DEFER_SECONDS
+            while time.monotonic() < deadline and not os.path.exists(env_file + ".want"):
+                if self._ending.wait(0.05):
+                    break
         try:
-            mlflow.log_params({k: str(v) for k, v in self.params.items()})
-        except Exception as e:  # params are a nicety; the run itself matters
-            print(f"airhost: could not log parameters to MLflow: {e}", file=self._out)
-        uri = mlflow.get_tracking_uri()
-        experiment_id = run.info.experiment_id
-        if uri.startswith(("http://", "https://", "databricks")):
-            where = f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{self.run_id}"
-        else:
-            where = f"run {self.run_id}; view it with: mlflow ui --backend-store-uri {uri}"
-        print(f"airhost: MLflow {where}", file=self._out, flush=True)
-        env = {
-            "MLFLOW_RUN_ID": self.run_id,
-            "MLFLOW_TRACKING_URI": uri,
-            "MLFLOW_EXPERIMENT_ID": experiment_id,
-        }
-        if uri.startswith("sqlite:"):
-            env["AIRHOST_MLFLOW_RETRY"] = "1"  # see bootstrap.py: SQLite's lock upgrades
-        return env
+            import mlflow
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient()
+            experiment_id = experiment_id or os.environ.get("MLFLOW_EXPERIMENT_ID")
+            if not experiment_id:
+                name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+                found = client.get_experiment_by_name(name)
+                if found is None:
+                    try:
+                        experiment_id = client.create_experiment(name)
+                    except Exception:  # made meanwhile by a concurrent call
+                        experiment_id = client.get_experiment_by_name(name).experiment_id
+                else:
+                    experiment_id = found.experiment_id
+            tags = {"airhost.entry": self.run_name}
+            if parent:
+                tags["mlflow.parentRunId"] = parent
+            run = client.create_run(experiment_id, tags=tags, run_name=self.run_name)
+            self.run_id, self._client = run.info.run_id, client
+            try:
+                for k, v in self.params.items():
+                    client.log_param(self.run_id, k, str(v))
+            except Exception as e:  # params are a nicety; the run itself matters
+                print(f"airhost: could not log parameters to MLflow: {e}", file=self._out)
+            uri = mlflow.get_tracking_uri()
+            lines = [f"MLFLOW_RUN_ID={self.run_id}", f"MLFLOW_TRACKING_URI={uri}", f"MLFLOW_EXPERIMENT_ID={experiment_id}"]
+            if uri.startswith("sqlite:"):
+                lines.append("AIRHOST_MLFLOW_RETRY=1")  # see bootstrap.py: SQLite's lock upgrades
+            _publish(env_file, "\n".join(lines) + "\n")
+            if uri.startswith(("http://", "https://", "databricks")):
+                where = f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{self.run_id}"
+            else:
+                where = f"run {self.run_id}; view it with: mlflow ui --backend-store-uri {uri}"
+            print(f"airhost: MLflow {where}", file=self._out, flush=True)
+        except Exception as e:
+            first = (str(e).splitlines() or [type(e).__name__])[0][:300]
+            try:
+                _publish(env_file, f"NONE={first}\n")
+            except OSError:
+                pass
+            print(
+                f"airhost: mlflow is installed but no run could be created ({first}); training without "
+                "tracking (check MLFLOW_TRACKING_URI, or pass tracking=False)",
+                file=self._out,
+                flush=True,
+            )
 
     def finish(self, status: str) -> None:
-        """status: FINISHED, FAILED or KILLED."""
-        if not self.active:
+        """status: FINISHED, FAILED or KILLED. Waits for the run to exist first."""
+        if self._thread is None:
             return
-        mlflow = self.mlflow
+        self._ending.set()
+        self._thread.join()
+        self._thread = None
+        if self.run_id is None:
+            return
         try:
-            if self._started_fluent and mlflow.active_run() and mlflow.active_run().info.run_id == self.run_id:
-                mlflow.end_run(status=status)
-            # Ranks' exit handlers may have ended the run as FINISHED meanwhile: the launch's
+            # Ranks' exit handlers may have ended the run as FINISHED meanwhile: the call's
             # outcome is what the run must say.
-            mlflow.tracking.MlflowClient().set_terminated(self.run_id, status=status)
+            self._client.set_terminated(self.run_id, status=status)
         except Exception as e:
             print(f"airhost: could not close MLflow run {self.run_id}: {e}", file=self._out)
