@@ -15,6 +15,7 @@ namespace {
 enum class FlagId {
   accelerators, timeout, grace, python, run_dir, master_addr, master_port, max_restarts,
   prefix, no_prefix, ranks, env, config, preflight, tracking, no_tracking, json, module, help, version,
+  preload, cold,
 };
 
 struct FlagSpec {
@@ -43,6 +44,8 @@ const std::vector<FlagSpec>& flag_specs() {
       {FlagId::tracking, {"--tracking"}, false, ""},
       {FlagId::no_tracking, {"--no-tracking"}, false, ""},
       {FlagId::json, {"--json"}, false, ""},
+      {FlagId::preload, {"--preload"}, true, "torch,numpy"},
+      {FlagId::cold, {"--cold"}, false, ""},
       {FlagId::module, {"-m"}, true, "pkg.train"},
       {FlagId::help, {"-h", "--help"}, false, ""},
       {FlagId::version, {"-V", "--version"}, false, ""},
@@ -270,6 +273,11 @@ class Parser {
       case FlagId::tracking: s.tracking = true; break;
       case FlagId::no_tracking: s.tracking = false; break;
       case FlagId::json: options_.json = true; break;
+      case FlagId::preload:
+        if (value.empty()) throw ConfigError("--preload needs module names, e.g. --preload torch,numpy (or none)");
+        s.preload = value;
+        break;
+      case FlagId::cold: s.warm = false; break;
       case FlagId::module: {
         if (doctor_) throw ConfigError("airhost doctor takes no target, got " + single_quoted("-m " + value) + "; run airhost doctor alone");
         const std::string shown = "-m " + value;
@@ -320,7 +328,18 @@ class Parser {
       throw ConfigError("airhost cannot read a script from standard input ('-'); save it to a file and give its path");
     }
     if (doctor_) throw ConfigError("airhost doctor takes no target, got " + single_quoted(arg) + "; run airhost doctor alone");
+    if (warm_ && options_.warm_action.empty()) {
+      if (arg != "start" && arg != "stop" && arg != "status")
+        throw ConfigError("airhost warm takes start, stop or status, got " + single_quoted(arg));
+      options_.warm_action = arg;
+      return;
+    }
+    if (warm_) throw ConfigError("airhost warm " + options_.warm_action + " takes nothing more, got " + single_quoted(arg));
     if (target_seen_) two_targets(arg);
+    if (arg == "warm" && !doctor_) {
+      warm_ = true;
+      return;
+    }
     if (arg == "doctor") {
       doctor_ = true;
       return;
@@ -332,7 +351,10 @@ class Parser {
   }
 
   void finish() {
-    if (doctor_) {
+    if (warm_) {
+      options_.command = Command::warm;
+      if (options_.warm_action.empty()) throw ConfigError("airhost warm needs start, stop or status");
+    } else if (doctor_) {
       options_.command = Command::doctor;
       if (script_args_given_) {
         throw ConfigError("airhost doctor takes no script arguments; drop everything after `--`");
@@ -372,6 +394,7 @@ class Parser {
   Settings flags_;
   std::optional<std::string> config_flag_;
   bool doctor_ = false;
+  bool warm_ = false;
   bool target_seen_ = false;
   std::string target_shown_;  // as typed, for messages
   bool script_args_given_ = false;
@@ -397,6 +420,7 @@ std::string usage_text() {
        airhost [flags] SCRIPT.py:FUNCTION [flags] [-- script args]
        airhost [flags] -m MODULE[:FUNCTION] [flags] [-- script args]
        airhost doctor [--json]
+       airhost warm start [--preload M,M] | stop | status
 
 Runs a Python (PyTorch) program on N ranks of this node, like torchrun: one process per
 rank, each with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set. Output is
@@ -437,6 +461,10 @@ Flags:
   --tracking            create it (the default; overrides tracking = false in a file)
   --preflight           check the node (GPUs, interpreter) before starting any rank
                         (default: off)
+  --preload M,M         modules the warm server imports before forking ranks; with a
+                        run, the warm server to use must have exactly these (default:
+                        auto = torch if installed; none = nothing)
+  --cold                start the ranks cold even when a warm server is running
   --config FILE         read settings from FILE (default: ./airhost.toml if it exists)
   --json                airhost doctor only: print the report as JSON
   -h, --help            print this help and exit

@@ -9,7 +9,7 @@
 
 namespace airhost::detail {
 
-enum class Command { run, help, version, doctor };
+enum class Command { run, help, version, doctor, warm };
 
 struct HostOptions {
   Command command = Command::run;
@@ -21,6 +21,7 @@ struct HostOptions {
   // both are Kind::function.
   bool module_target = false;
   bool json = false;                 // doctor --json
+  std::string warm_action;           // Command::warm: start | stop | status
 };
 
 // Parses `airhost [flags] TARGET [flags] [-- script args]`, where TARGET is `train.py`,

@@ -37,6 +37,8 @@ void Settings::merge(const Settings& over) {
   take(max_restarts, over.max_restarts);
   take(preflight, over.preflight);
   take(tracking, over.tracking);
+  take(preload, over.preload);
+  take(warm, over.warm);
   take(prefix, over.prefix);
   take(ranks, over.ranks);
   for (const auto& [name, value] : over.env) env[name] = value;
@@ -213,6 +215,8 @@ constexpr KeyDoc kTopKeys[] = {
     {"max_restarts", "an integer from 0 to 1000", "max_restarts = 3"},
     {"preflight", "a boolean", "preflight = true"},
     {"tracking", "a boolean", "tracking = false"},
+    {"preload", "an array of module names", "preload = [\"torch\", \"numpy\"]"},
+    {"warm", "a boolean", "warm = false"},
     {"output", "a table", "a section [output] holding prefix = true"},
     {"env", "a table of strings", "a section [env] holding NAME = \"value\""},
 };
@@ -352,6 +356,18 @@ class ConfigReader {
       s.preflight = boolean(node, name, doc);
     } else if (name == "tracking") {
       s.tracking = boolean(node, name, doc);
+    } else if (name == "warm") {
+      s.warm = boolean(node, name, doc);
+    } else if (name == "preload") {
+      const auto* array = node.as_array();
+      if (!array) bad_type(node, name, doc);
+      std::string list;
+      for (const auto& item : *array) {
+        const auto* module = item.as_string();
+        if (!module || module->get().empty()) bad_type(item, name, doc);
+        list += (list.empty() ? "" : ",") + module->get();
+      }
+      s.preload = list.empty() ? "none" : list;
     } else if (name == "output") {
       read_output(s, doc, node);
     } else if (name == "env") {

@@ -33,6 +33,8 @@ struct Settings {
   std::optional<int> max_restarts;               // restarts of the whole group after a rank fails
   std::optional<bool> preflight;
   std::optional<bool> tracking;                  // an MLflow run per launch, when mlflow is importable
+  std::optional<std::string> preload;            // warm server modules, "torch,numpy"; "auto" = torch if installed
+  std::optional<bool> warm;                      // use a running warm server (default true)
   std::optional<bool> prefix;                    // [output] prefix
   std::optional<std::set<int>> ranks;            // [output] ranks; empty = all ranks
   std::map<std::string, std::string> env;        // [env]

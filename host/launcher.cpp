@@ -15,6 +15,7 @@
 #include "report_format.hpp"
 #include "run_dir.hpp"
 #include "supervisor.hpp"
+#include "warm_starter.hpp"
 #include "util.hpp"
 
 namespace airhost {
@@ -124,6 +125,33 @@ void validate(const LaunchSpec& spec, const std::string& rank_binary) {
   }
 }
 
+// A starter forking from the warm server of spec.warm_socket, or null with `why` saying why
+// the launch starts cold. Matching means: the same interpreter, airhost and preload, and the
+// rank environment's interpreter-start variables (checked by the server).
+std::unique_ptr<detail::RankStarter> warm_starter(const LaunchSpec& spec, const detail::Supervisor::Plan& plan,
+                                                  std::string& line) {
+  int fd = -1;
+  try {
+    fd = detail::warm_connect(spec.warm_socket);
+    const auto info = detail::warm_hello(fd, detail::build_rank_env(spec, 0, plan.context, plan.base_env));
+    auto differ = [](const char* what, const std::string& have, const std::string& want) {
+      return detail::WarmUnavailable(std::string("the warm server has another ") + what + " (" + have +
+                                     ", this launch wants " + want + ")");
+    };
+    if (info.python != spec.python) throw differ("python", info.python, spec.python);
+    if (info.version != AIRHOST_VERSION) throw differ("airhost version", info.version, AIRHOST_VERSION);
+    if (!spec.warm_preload.empty() && info.preload != spec.warm_preload)
+      throw differ("preload", info.preload, spec.warm_preload);
+    line = "warm start (server pid " + std::to_string(info.pid) + ", preloaded: " +
+           (info.modules.empty() ? "nothing" : info.modules) + ")";
+    return detail::make_warm_starter(fd, info.pid);
+  } catch (const detail::WarmUnavailable& e) {
+    if (fd >= 0) ::close(fd);
+    line = std::string("cold start (") + e.what() + ")";
+    return nullptr;
+  }
+}
+
 }  // namespace
 
 struct Launcher::Impl {
@@ -201,6 +229,8 @@ RunReport Launcher::run() {
   const double started = detail::now_seconds();
   std::vector<std::string> failed_attempts;
   RunReport report;
+  bool warm = !spec.warm_socket.empty();
+  std::string start_mode;
   int attempt = 0;
   for (;; ++attempt) {
     detail::Supervisor::Plan plan;
@@ -213,7 +243,18 @@ RunReport Launcher::run() {
       const auto used = std::chrono::milliseconds(static_cast<long long>((detail::now_seconds() - started) * 1000));
       plan.time_limit = std::max(std::chrono::milliseconds(1), std::chrono::milliseconds(spec.timeout) - used);
     }
-    detail::Supervisor supervisor(std::move(plan), detail::make_spawn_starter());
+    std::unique_ptr<detail::RankStarter> starter;
+    if (warm) {
+      std::string line;
+      starter = warm_starter(spec, plan, line);
+      if (!starter) warm = false;  // a restart starts cold too, as the first attempt did
+      if (attempt == 0) {
+        start_mode = line;
+        if (impl_->callbacks.on_start_mode) impl_->callbacks.on_start_mode(warm, line);
+      }
+    }
+    if (!starter) starter = detail::make_spawn_starter();
+    detail::Supervisor supervisor(std::move(plan), std::move(starter));
     {
       std::lock_guard lock(impl_->mutex);
       impl_->supervisor = &supervisor;
@@ -239,6 +280,8 @@ RunReport Launcher::run() {
     for (const auto& r : report.ranks) detail::append_file(r.stderr_log, mark);
   }
   report.restarts = attempt;
+  report.warm = warm;
+  report.start_mode = start_mode;
   report.failed_attempts = std::move(failed_attempts);
   report.wall_seconds = detail::now_seconds() - started;
   if (attempt > 0 && report.ok())

@@ -3,10 +3,14 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
 
 #include "bootstrap_py.hpp"
+#include "warm_py.hpp"
 
 namespace airhost::rank {
 namespace {
@@ -35,41 +39,53 @@ int fail(const PyStatus& status) {
   return 1;
 }
 
-// Runs bootstrap.py in a module of its own and returns that module (new reference).
-PyObject* load_bootstrap() {
-  PyObject* module = PyImport_AddModule("_airhost_bootstrap");  // borrowed
+// Runs `source` in a module of its own named `name` (new reference).
+PyObject* load_module(const char* name, const char* source, const char* filename) {
+  PyObject* module = PyImport_AddModule(name);  // borrowed
   if (!module) return nullptr;
   PyObject* globals = PyModule_GetDict(module);  // borrowed
   if (PyDict_SetItemString(globals, "__builtins__", PyEval_GetBuiltins()) < 0) return nullptr;
-  PyObject* code = Py_CompileString(kBootstrapSource, "<airhost bootstrap>", Py_file_input);
+  PyObject* code = Py_CompileString(source, filename, Py_file_input);
   if (!code) return nullptr;
   PyObject* rv = PyEval_EvalCode(code, globals, globals);
   Py_DECREF(code);
   if (!rv) return nullptr;
   Py_DECREF(rv);
-  PyObject* install = PyObject_CallMethod(module, "install", nullptr);
-  if (!install) return nullptr;
-  Py_DECREF(install);
   Py_INCREF(module);
   return module;
+}
+
+// Runs bootstrap.py in a module of its own and returns that module (new reference).
+PyObject* load_bootstrap() {
+  PyObject* module = load_module("_airhost_bootstrap", kBootstrapSource, "<airhost bootstrap>");
+  if (!module) return nullptr;
+  PyObject* install = PyObject_CallMethod(module, "install", nullptr);
+  if (!install) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  Py_DECREF(install);
+  return module;
+}
+
+// The interpreter's configuration, the same for a cold rank and the warm server.
+PyStatus set_python(ConfigGuard& config, const std::string& python) {
+  config->parse_argv = 0;     // our argv is the script's, never python's own options
+  config->faulthandler = 1;   // a segfault in a rank leaves its Python stack in the log
+  if (python.empty()) return PyStatus_Ok();
+  // getpath derives prefix, venv (pyvenv.cfg) and site-packages from the executable, so
+  // ranks see exactly the packages of the interpreter airhost was told to use.
+  PyStatus status = PyConfig_SetBytesString(config.get(), &config->program_name, python.c_str());
+  if (PyStatus_Exception(status)) return status;
+  return PyConfig_SetBytesString(config.get(), &config->executable, python.c_str());
 }
 
 }  // namespace
 
 int run_interpreter(const RankArgs& args) {
   ConfigGuard config;
-  config->parse_argv = 0;     // our argv is the script's, never python's own options
-  config->faulthandler = 1;   // a segfault in a rank leaves its Python stack in the log
-
-  PyStatus status;
-  if (!args.python.empty()) {
-    // getpath derives prefix, venv (pyvenv.cfg) and site-packages from the executable, so
-    // ranks see exactly the packages of the interpreter airhost was told to use.
-    status = PyConfig_SetBytesString(config.get(), &config->program_name, args.python.c_str());
-    if (PyStatus_Exception(status)) return fail(status);
-    status = PyConfig_SetBytesString(config.get(), &config->executable, args.python.c_str());
-    if (PyStatus_Exception(status)) return fail(status);
-  }
+  PyStatus status = set_python(config, args.python);
+  if (PyStatus_Exception(status)) return fail(status);
 
   std::vector<std::string> argv;
   const bool run_main = args.kind == "script" || args.kind == "module";
@@ -118,6 +134,60 @@ int run_interpreter(const RankArgs& args) {
     PyErr_Print();
   }
   if (Py_FinalizeEx() < 0 && code == 0) code = 120;  // what python does when flushing fails
+  return code;
+}
+
+int run_warm_server(const WarmArgs& args) {
+  ConfigGuard config;
+  PyStatus status = set_python(config, args.python);
+  if (PyStatus_Exception(status)) return fail(status);
+  char name[] = "airhost-warm";
+  char* argv[] = {name};
+  status = PyConfig_SetBytesArgv(config.get(), 1, argv);
+  if (PyStatus_Exception(status)) return fail(status);
+  status = Py_InitializeFromConfig(config.get());
+  if (PyStatus_Exception(status)) return fail(status);
+
+  // bootstrap.py is loaded now and installed in each forked rank, once its environment is set.
+  PyObject* bootstrap = load_module("_airhost_bootstrap", kBootstrapSource, "<airhost bootstrap>");
+  PyObject* warm = bootstrap ? load_module("_airhost_warm", kWarmSource, "<airhost warm>") : nullptr;
+  Py_XDECREF(bootstrap);
+  PyObject* job = warm ? PyObject_CallMethod(warm, "serve", "sss", args.socket.c_str(), args.preload.c_str(),
+                                             args.parent_pid.c_str())
+                       : nullptr;
+  if (!job) {
+    PyErr_Print();
+    Py_XDECREF(warm);
+    Py_FinalizeEx();
+    return 1;
+  }
+  int code = 0;
+  if (PyLong_Check(job)) {  // the server is done
+    code = static_cast<int>(PyLong_AsLong(job));
+    Py_DECREF(job);
+    Py_DECREF(warm);
+    Py_FinalizeEx();
+    return code;
+  }
+  // A forked rank: serve()'s frames are gone; the entry runs from a clean stack.
+  PyObject* rv = PyObject_CallMethod(warm, "run_child", "O", job);
+  Py_DECREF(job);
+  Py_DECREF(warm);
+  if (rv) {
+    code = static_cast<int>(PyLong_AsLong(rv));
+    Py_DECREF(rv);
+  } else {
+    PyErr_Print();
+    code = 1;
+  }
+  const bool sigint = code == -2;
+  if (sigint) code = 130;
+  if (Py_FinalizeEx() < 0 && code == 0) code = 120;  // what python does when flushing fails
+  if (sigint) {
+    // As Py_RunMain does for an unhandled KeyboardInterrupt: die of SIGINT.
+    ::signal(SIGINT, SIG_DFL);
+    ::kill(::getpid(), SIGINT);
+  }
   return code;
 }
 

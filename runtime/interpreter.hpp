@@ -20,4 +20,15 @@ struct RankArgs {
 // Returns the process exit code (SystemExit honoured exactly as python does).
 int run_interpreter(const RankArgs& args);
 
+// airhost-rank --warm-server: an interpreter with modules preloaded that forks ranks on
+// request (runtime/warm.py, host/warm_starter.hpp). Returns the server's exit code in the
+// server and the rank's exit code in each forked rank.
+struct WarmArgs {
+  std::string socket;      // unix socket path to listen on
+  std::string preload;     // "auto", "none" or "mod,mod"
+  std::string python;
+  std::string parent_pid;  // non-empty: exit when this process dies (the Python API's caller)
+};
+int run_warm_server(const WarmArgs& args);
+
 }  // namespace airhost::rank

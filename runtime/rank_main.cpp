@@ -2,6 +2,8 @@
 //
 //   airhost-rank --kind KIND --target T [--function F] [--python EXE] -- ARGS...
 //   airhost-rank --guard      the run's group guard (host/group_guard.hpp)
+//   airhost-rank --warm-server --socket PATH [--preload auto|none|m,m] [--python EXE] [--parent-pid PID]
+//                             a warm server (runtime/warm.py, host/warm_starter.hpp)
 //
 // The host passes the control channel as fd 3 (AIRHOST_CONTROL_FD) and its pid as
 // AIRHOST_HOST_PID. Not meant to be started by hand.
@@ -84,6 +86,22 @@ int usage(const char* why) {
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--guard") == 0) return run_guard();
+  if (argc >= 2 && std::strcmp(argv[1], "--warm-server") == 0) {
+    airhost::rank::WarmArgs warm;
+    warm.preload = "auto";
+    for (int j = 2; j < argc; ++j) {
+      const std::string a = argv[j];
+      if (j + 1 >= argc) return usage(("missing value for " + a).c_str());
+      const std::string v = argv[++j];
+      if (a == "--socket") warm.socket = v;
+      else if (a == "--preload") warm.preload = v;
+      else if (a == "--python") warm.python = v;
+      else if (a == "--parent-pid") warm.parent_pid = v;
+      else return usage(("unknown option " + a).c_str());
+    }
+    if (warm.socket.empty()) return usage("--warm-server needs --socket");
+    return airhost::rank::run_warm_server(warm);
+  }
   die_with_host();
 
   if (const char* fd = std::getenv("AIRHOST_CONTROL_FD")) {

@@ -5,6 +5,10 @@
 #include <cstring>
 #include <string_view>
 #include <system_error>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "frames.hpp"
@@ -70,4 +74,19 @@ PYBIND11_EMBEDDED_MODULE(_airhost_rank, m) {
         },
         "Send a raw frame of any kind (for extensions of the protocol).");
   m.def("connected", []() { return control_fd >= 0; });
+  m.attr("version") = AIRHOST_VERSION;
+  // For the warm server (runtime/warm.py) and the ranks it forks.
+  m.def("set_control_fd", [](int fd) {
+          if (::fcntl(fd, F_SETFD, FD_CLOEXEC) == 0) control_fd = fd;  // as rank_main does
+        },
+        "Adopt `fd` as this rank's control channel.");
+  m.def("clearenv", []() { ::clearenv(); }, "Empty the C environment (os.environ is rebuilt after).");
+  m.def("die_with_parent",
+        [](int parent, int sig) {
+          // PDEATHSIG, then the check that closes the race where the parent died first.
+          ::prctl(PR_SET_PDEATHSIG, sig);
+          if (::getppid() != parent) _exit(137);
+        },
+        py::arg("parent"), py::arg("sig") = SIGKILL,
+        "Get `sig` when the parent dies; exit now if it already has.");
 }

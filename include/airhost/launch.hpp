@@ -63,6 +63,11 @@ struct LaunchSpec {
   std::string rank_binary;                // the rank executable; empty = found next to airhost
   std::string working_dir;                // ranks' cwd; empty = the caller's
   OutputOptions output;
+  std::string warm_socket;                // a warm server's socket: fork the ranks from it
+                                          // (host/warm_starter.hpp); falls back to a cold start
+                                          // when there is none or it refuses; empty = cold
+  std::string warm_preload;               // what the warm server must have preloaded, as given to
+                                          // it ("auto", "torch,numpy"); empty = whatever it has
   bool handle_signals = false;            // tear down on SIGINT/SIGTERM/SIGHUP to this process and
                                           // forward them to the ranks (the CLI does; an embedding
                                           // program usually calls Launcher::cancel() instead)

@@ -44,6 +44,9 @@ struct Callbacks {
   std::function<void(const RankEvent&)> on_rank_event;
   // Before a restart. Without it, the launcher says so on stderr when output is forwarded.
   std::function<void(const RestartEvent&)> on_restart;
+  // Once, before the first rank starts, when LaunchSpec::warm_socket is set: whether the ranks
+  // are forked warm or started cold, as one line (RunReport::start_mode).
+  std::function<void(bool warm, const std::string& line)> on_start_mode;
 };
 
 // Runs one launch. Thread-safe only through cancel(); run() blocks until every rank is

@@ -60,6 +60,8 @@ struct RunReport {
   double wall_seconds = 0;           // the whole run, restarts included
   int restarts = 0;                  // how many times the group was restarted (LaunchSpec::max_restarts)
   std::vector<std::string> failed_attempts;  // the message of each attempt that was restarted
+  bool warm = false;                 // the ranks were forked by a warm server
+  std::string start_mode;            // one line: "warm start (...)" or "cold start (why not warm)"
 
   bool ok() const noexcept { return outcome == Outcome::succeeded; }
 };
