@@ -170,7 +170,11 @@ int main(int argc, char** argv) {
   }
 
   Callbacks callbacks;
-  callbacks.on_start_mode = [](bool, const std::string& line) { std::fprintf(stderr, "airhost: %s\n", line.c_str()); };
+  // Said up front when a warm server is there (used, or refused and why); a launch with no
+  // server at all says "cold start" in its last line only, so output starts as it always did.
+  callbacks.on_start_mode = [](bool, const std::string& line) {
+    if (line.find("no warm server running") == std::string::npos) std::fprintf(stderr, "airhost: %s\n", line.c_str());
+  };
   Launcher launcher(std::move(spec), std::move(callbacks));
   RunReport report;
   try {
@@ -187,8 +191,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "airhost: cannot save results: %s\n", e.what());
   }
   if (report.ok()) {
-    std::fprintf(stderr, "airhost: %s in %.1f s (logs: %s/logs)\n", report.message.c_str(), report.wall_seconds,
-                 report.run_dir.c_str());
+    std::fprintf(stderr, "airhost: %s in %.1f s%s (logs: %s/logs)\n", report.message.c_str(), report.wall_seconds,
+                 report.start_mode.empty() ? "" : report.warm ? ", warm start" : ", cold start", report.run_dir.c_str());
   } else {
     std::fputs(failure_summary(report).c_str(), stderr);
   }

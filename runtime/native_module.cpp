@@ -56,6 +56,7 @@ LaunchSpec spec_from_dict(const py::dict& d) {
   spec.max_restarts = get<int>(d, "max_restarts", 0);
   spec.working_dir = get<std::string>(d, "working_dir", "");
   spec.rank_binary = get<std::string>(d, "rank_binary", "");
+  spec.warm_socket = get<std::string>(d, "warm_socket", "");
   spec.output.forward = get<bool>(d, "forward", false);
   spec.output.prefix = get<bool>(d, "prefix", true);
   spec.handle_signals = false;  // the caller's signals stay the caller's: Ctrl-C → cancel()
@@ -74,6 +75,8 @@ py::dict report_to_dict(const RunReport& r) {
   d["wall_seconds"] = r.wall_seconds;
   d["restarts"] = r.restarts;
   d["failed_attempts"] = r.failed_attempts;
+  d["warm"] = r.warm;
+  d["start_mode"] = r.start_mode;
   py::list ranks;
   for (const auto& k : r.ranks) {
     py::dict rd;

@@ -210,6 +210,91 @@ def _rank_binary() -> str:
     return shutil.which("airhost-rank") or ""
 
 
+# ---- the warm server ------------------------------------------------------------------
+#
+# The first `.distributed()` call of a process starts one warm server (airhost-rank
+# --warm-server: an interpreter with torch imported that forks the ranks), without waiting
+# for it: that call starts cold, later ones fork from it once it is ready. It lives in a
+# private 0700 directory, dies with this process (PR_SET_PDEATHSIG, and atexit), and is
+# replaced if it dies. AIRHOST_WARM=0 turns it off; AIRHOST_PRELOAD chooses its modules.
+
+
+class _WarmServer:
+    def __init__(self):
+        import subprocess
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="airhost-warm-")  # 0700
+        self.socket = os.path.join(self.dir, "warm.sock")
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")  # as every rank gets it (host/rank_env.cpp)
+        env["PYTHONUNBUFFERED"] = "1"
+        with open(os.path.join(self.dir, "warm.log"), "ab") as log:
+            self.proc = subprocess.Popen(
+                [_rank_binary(), "--warm-server", "--socket", self.socket,
+                 "--preload", os.environ.get("AIRHOST_PRELOAD", "auto"),
+                 "--python", sys.executable, "--parent-pid", str(os.getpid())],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def ready(self) -> bool:
+        return self.alive() and os.path.exists(self.socket)
+
+    def stop(self) -> None:
+        if self.alive():
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_warm_lock = threading.Lock()
+_warm_server: Optional[_WarmServer] = None
+
+
+def _warm_socket() -> str:
+    """The socket of this process's warm server, started (in the background) if need be;
+    '' when warm starts are off."""
+    global _warm_server
+    if os.environ.get("AIRHOST_WARM", "1") == "0" or not _rank_binary():
+        return ""
+    with _warm_lock:
+        if _warm_server is None or not _warm_server.alive():
+            if _warm_server is not None:
+                _warm_server.stop()
+            else:
+                import atexit
+
+                atexit.register(_stop_warm_server)
+            _warm_server = _WarmServer()
+        return _warm_server.socket
+
+
+def _stop_warm_server() -> None:
+    global _warm_server
+    with _warm_lock:
+        if _warm_server is not None:
+            _warm_server.stop()
+            _warm_server = None
+
+
+def warm_server(wait: float = 0.0) -> Optional[_WarmServer]:
+    """This process's warm server (None if none was started); with `wait`, waits up to that
+    many seconds for it to be ready."""
+    import time
+
+    deadline = time.monotonic() + wait
+    while _warm_server is not None and not _warm_server.ready() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _warm_server
+
+
 # ---- one launch -----------------------------------------------------------------------
 
 
@@ -277,6 +362,7 @@ class _Launch:
                 "run_id": run_id,
                 "run_dir": self.run_dir,
                 "working_dir": os.getcwd(),
+                "warm_socket": _warm_socket(),
             }
             self.run = _native.Run(self.spec)
         except BaseException:

@@ -1,0 +1,289 @@
+"""Warm start: a warm server (airhost-rank --warm-server, torch preloaded) forks the ranks.
+
+Each test's launches share AIRHOST_RUNS_DIR's parent as state dir, so `airhost warm start`
+puts the socket in the test's tmp_path; the fixture stops the server at the end and the
+suite's no_process_outlives_the_test checks that nothing of it is left."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, is_running, wait_for
+
+MLP = REPO / "examples" / "mlp_ddp.py"
+
+
+class Warm:
+    def __init__(self, airhost, tmp_path: Path):
+        self.airhost, self.tmp_path = airhost, tmp_path
+        self.socket = tmp_path / "warm.sock"
+        self.env: dict = {}
+
+    def cmd(self, *args, env=None):
+        full_env = self.airhost.env(self.tmp_path / "runs-warm", {**self.env, **(env or {})})
+        return subprocess.run([self.airhost.binary, "warm", *args], env=full_env, capture_output=True, text=True,
+                              timeout=180)
+
+    def start(self, *args):
+        r = self.cmd("start", *args)
+        assert r.returncode == 0, r.stderr
+        return int(re.search(r"warm server pid (\d+)", r.stderr).group(1))
+
+    def stop(self):
+        r = self.cmd("status")
+        m = re.search(r"warm server pid (\d+)", r.stdout)
+        self.cmd("stop")
+        if m:
+            wait_for(lambda: not is_running(int(m.group(1))), 10, "the warm server to exit")
+
+
+@pytest.fixture
+def warm(airhost, tmp_path):
+    w = Warm(airhost, tmp_path)
+    yield w
+    w.stop()
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+WHO = """
+import json, os, sys
+import torch
+print(json.dumps({"rank": int(os.environ["RANK"]), "pid": os.getpid(), "ppid": os.getppid(),
+                  "pgid": os.getpgid(0), "sid": os.getsid(0), "argv": sys.argv, "path0": sys.path[0],
+                  "file": __file__, "cwd": os.getcwd(), "world": os.environ["WORLD_SIZE"],
+                  "run_id": os.environ["AIRHOST_RUN_ID"], "main": __name__}), flush=True)
+"""
+
+
+def records(run, n):
+    import json
+
+    return [json.loads(run.log(r).decode().strip().splitlines()[-1]) for r in range(n)]
+
+
+def test_a_warm_launch_forks_ranks_with_their_own_pid_group_env_and_logs(airhost, warm, tmp_path):
+    server = warm.start("--preload", "torch")
+    who = write(airhost.work / "who.py", WHO)
+    run = airhost("who.py", "-n", "2", "--", "a", "b")
+    run.assert_rc(0)
+    assert f"airhost: warm start (server pid {server}, preloaded: torch)" in run.err
+    assert "warm start (logs" in run.err.replace(", warm start (logs", "warm start (logs")
+    got = records(run, 2)
+    cold = airhost("who.py", "-n", "2", "--cold", "--", "a", "b")
+    cold.assert_rc(0)
+    want = records(cold, 2)
+    for r, (w, c) in enumerate(zip(got, want)):
+        assert w["rank"] == r and w["ppid"] == server
+        assert w["pgid"] == w["pid"] == w["sid"], "a warm rank leads its own session and group, as a cold one"
+        assert w["run_id"] == run.run_id
+        for key in ("argv", "path0", "file", "cwd", "world", "main"):
+            assert w[key] == c[key], key
+        assert run.rank(r)["pid"] == w["pid"]
+    assert got[0]["pid"] != got[1]["pid"]
+    assert str(who) == got[0]["file"]
+
+
+def test_the_mlp_ddp_example_gives_identical_results_warm_and_cold(airhost, warm):
+    warm.start("--preload", "torch")
+    args = (str(MLP), "-n", "2", "--", "--epochs", "2")
+    warm_run = airhost(*args)
+    warm_run.assert_rc(0)
+    assert "warm start (server pid" in warm_run.err
+    cold_run = airhost(*args, "--cold")
+    cold_run.assert_rc(0)
+    assert "warm start" not in cold_run.err
+
+    def results(run):
+        return [line for line in run.out.splitlines() if "loss" in line or "weights" in line]
+
+    assert results(warm_run) and results(warm_run) == results(cold_run)
+    assert "the ranks hold the same weights" in warm_run.out
+
+
+def test_a_failing_warm_rank_tears_the_group_down_and_leaves_no_process(airhost, warm):
+    warm.start("--preload", "torch")
+    write(airhost.work / "fail.py", """
+        import os, subprocess, sys, time
+        import torch
+        if os.environ["RANK"] == "1":
+            time.sleep(0.5)
+            raise ValueError("rank one fails")
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # a grandchild in the group
+        time.sleep(600)
+    """)
+    run = airhost("fail.py", "-n", "2", "--grace", "2s")
+    run.assert_rc(1)
+    assert "warm start (server pid" in run.err
+    assert "ValueError: rank one fails" in run.err
+    assert 'File "' + str(airhost.work / "fail.py") + '", line 6, in <module>' in run.err
+    assert run.rank(1)["state"] == "failed" and run.rank(0)["state"] == "stopped"
+
+
+def test_ctrl_c_stops_warm_ranks_and_leaves_no_process(airhost, warm):
+    warm.start("--preload", "torch")
+    write(airhost.work / "sleep.py", """
+        import os, time
+        import torch
+        open(f"ready-{os.environ['RANK']}", "w").close()
+        time.sleep(600)
+    """)
+    started = airhost.start("sleep.py", "-n", "2")
+    wait_for(lambda: all((airhost.work / f"ready-{r}").exists() for r in range(2)), 60, "the ranks")
+    started.signal(signal.SIGINT)
+    run = started.finish()
+    run.assert_rc(130)
+    assert "warm start (server pid" in run.err
+
+
+def test_a_killed_warm_server_fails_its_ranks_clearly(airhost, warm):
+    server = warm.start("--preload", "torch")
+    write(airhost.work / "sleep.py", """
+        import os, time
+        open(f"ready-{os.environ['RANK']}", "w").close()
+        time.sleep(600)
+    """)
+    started = airhost.start("sleep.py", "-n", "2")
+    wait_for(lambda: all((airhost.work / f"ready-{r}").exists() for r in range(2)), 60, "the ranks")
+    os.kill(server, signal.SIGKILL)
+    run = started.finish()
+    assert run.rc == 137
+    assert f"the warm server (pid {server}) that forked this rank died" in run.log(0, "stderr").decode()
+
+
+def test_a_preload_module_that_fails_to_import_is_named_and_cold_starts_still_work(airhost, warm):
+    r = warm.cmd("start", "--preload", "torch,no_such_module_xyz")
+    assert r.returncode == 1
+    assert "preload module 'no_such_module_xyz' failed to import" in r.stderr
+    write(airhost.work / "hi.py", "print('hi')\n")
+    run = airhost("hi.py", "-n", "1")
+    run.assert_rc(0)
+    assert "cold start" in run.err
+
+
+@pytest.mark.parametrize("module, why", [
+    ("starts_a_thread", "Python thread(s) besides the main one are alive"),
+    # No GPU here: a stand-in, named as a fake, makes torch.cuda.is_initialized() say True so
+    # that the real check is exercised.
+    ("fake_cuda_initialized", "CUDA is initialised in the warm server"),
+])
+def test_a_preload_that_is_unsafe_to_fork_is_refused_and_the_launch_starts_cold(airhost, warm, tmp_path,
+                                                                                  module, why):
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    write(mods / "starts_a_thread.py", """
+        import threading, time
+        threading.Thread(target=time.sleep, args=(600,), daemon=True, name="sleeper").start()
+    """)
+    write(mods / "fake_cuda_initialized.py", """
+        import torch
+        torch.cuda.is_initialized = lambda: True  # FAKE: stands in for a real CUDA context
+    """)
+    warm.env = {"PYTHONPATH": str(mods)}
+    warm.start("--preload", module)
+    write(airhost.work / "hi.py", "print('hi')\n")
+    run = airhost("hi.py", "-n", "1", env={"PYTHONPATH": str(mods)})
+    run.assert_rc(0)
+    assert "airhost: cold start (warm server refused: " in run.err and why in run.err
+
+
+def test_a_changed_preloaded_source_is_never_served_stale(airhost, warm, tmp_path):
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    mod = write(mods / "mymod.py", "VALUE = 1\n")
+    warm.env = {"PYTHONPATH": str(mods)}
+    server = warm.start("--preload", "mymod")
+    write(airhost.work / "v.py", "import mymod; print('value', mymod.VALUE)\n")
+    env = {"PYTHONPATH": str(mods)}
+    run = airhost("v.py", "-n", "1", env=env)
+    assert "warm start" in run.err and "value 1" in run.out
+    mod.write_text("VALUE = 22\n")
+    run = airhost("v.py", "-n", "1", env=env)
+    run.assert_rc(0)
+    assert "changed since the warm server preloaded it" in run.err and "value 22" in run.out
+    wait_for(lambda: not is_running(server), 10, "the stale server to retire")
+
+
+def test_an_interpreter_start_variable_that_differs_means_cold(airhost, warm):
+    warm.start("--preload", "none")
+    write(airhost.work / "hi.py", "print('hi')\n")
+    run = airhost("hi.py", "-n", "1", env={"PYTHONPATH": "/nonexistent"})
+    run.assert_rc(0)
+    assert "PYTHONPATH" in run.err and "cold start" in run.err
+
+
+def test_a_stale_socket_is_ignored_then_replaced(airhost, warm, tmp_path):
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(warm.socket))
+    s.close()  # bound, nobody listening: what a SIGKILLed server leaves
+    os.chmod(warm.socket, 0o600)
+    write(airhost.work / "hi.py", "print('hi')\n")
+    run = airhost("hi.py", "-n", "1")
+    run.assert_rc(0)
+    assert "stale warm socket" in run.err and "cold start" in run.err
+    warm.start("--preload", "none")
+    run = airhost("hi.py", "-n", "1")
+    assert "warm start (server pid" in run.err
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="chown to another uid needs root")
+def test_a_socket_of_another_user_is_never_trusted(airhost, warm):
+    warm.start("--preload", "none")
+    os.chown(warm.socket, 65534, 65534)
+    write(airhost.work / "hi.py", "print('hi')\n")
+    run = airhost("hi.py", "-n", "1")
+    run.assert_rc(0)
+    assert "belongs to uid 65534" in run.err and "never trusted" in run.err and "cold start" in run.err
+    os.chown(warm.socket, 0, 0)
+
+
+API_SCRIPT = """
+import os, sys, time
+from airhost import distributed
+from airhost import _api
+
+@distributed(num_accelerators=2)
+def who():
+    import os
+    return (os.getpid(), os.getppid(), int(os.environ["RANK"]))
+
+first = who.distributed()
+server = _api.warm_server(wait=120)
+assert server is not None and server.ready(), "no warm server"
+second = who.distributed()
+third = who.distributed()
+print("SERVER", server.pid)
+print("FIRST", first)
+print("SECOND", second)
+print("THIRD", third)
+"""
+
+
+def test_the_python_api_reuses_one_warm_server_across_calls(tmp_path):
+    script = write(tmp_path / "api.py", API_SCRIPT)
+    env = dict(os.environ, AIRHOST_RUNS_DIR=str(tmp_path / "runs"), AIRHOST_TRACKING="0", AIRHOST_WARM="1",
+               AIRHOST_TEST_MARK=str(tmp_path) + os.sep)
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.split(" ")[0].isupper())
+    server = int(out["SERVER"])
+    first, second, third = (eval(out[k]) for k in ("FIRST", "SECOND", "THIRD"))
+    assert all(ppid != server for _, ppid, _ in first)  # the first call does not wait for it
+    for call in (second, third):
+        assert [rank for *_, rank in call] == [0, 1]
+        assert all(ppid == server for _, ppid, _ in call)
+        assert len({pid for pid, _, _ in call}) == 2
+    assert not is_running(server), "the warm server outlived its caller"
