@@ -288,7 +288,7 @@ int warm_start(const HostOptions& opts, const std::string& socket) {
   }
   if (pid == 0) {
     ::setsid();  // a session of its own: it outlives this command and the terminal's signals
-    const int in = ::open("/dev/null", O_RDONLY);
+    const int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     ::dup2(in, 0);
     ::dup2(out, 1);
@@ -305,6 +305,13 @@ int warm_start(const HostOptions& opts, const std::string& socket) {
   for (;;) {
     if (auto info = probe(socket, why)) {
       std::fprintf(stderr, "airhost: started %s\n", describe(*info, socket).c_str());
+      return 0;
+    }
+    if (why.rfind("warm server refused: ", 0) == 0) {
+      // Up, but not safe to fork (a preload started a thread, say): launches will start cold.
+      std::fprintf(stderr, "airhost: warm server pid %d started (log %s), but it %s; launches start cold "
+                   "until it is restarted with another preload\n", static_cast<int>(pid), log.c_str(),
+                   why.substr(12).c_str());
       return 0;
     }
     int status = 0;

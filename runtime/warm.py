@@ -8,6 +8,7 @@
 # serve() returns an int (the server's exit code) in the server, and a dict (the rank's job)
 # in a forked rank; airhost-rank then calls run_child(job) from a clean Python stack, so the
 # user's code never runs under the server's frames.
+import fcntl
 import os
 import signal
 import socket
@@ -416,20 +417,20 @@ class Server:
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        out, err, ctl = fds
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        for fd, target in ((devnull, 0), (out, 1), (err, 2), (ctl, 3)):
-            os.dup2(fd, target)  # dup2 clears FD_CLOEXEC on the target
-        keep = {0, 1, 2, 3}
-        for fd in (devnull, out, err, ctl):
-            if fd not in keep:
-                os.close(fd)
-        for s in [self.listener, self.wake_r, self.wake_w, *self.conns]:
-            s.close()
+        # The server's own descriptors go first: one of them may be fd 3, which dup2 reuses.
+        self.sel.close()
         for c in self.conns.values():
             for fd in c.fds:
                 os.close(fd)
-        self.sel.close()
+        for s in [self.listener, self.wake_r, self.wake_w, *self.conns]:
+            s.close()
+        out, err, ctl = fds
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        # Moved above 3 first, so that no dup2 below overwrites a source still to be copied.
+        out, err, ctl, devnull = (fcntl.fcntl(fd, fcntl.F_DUPFD, 4) if fd <= 3 else fd for fd in (out, err, ctl, devnull))
+        for fd, target in ((devnull, 0), (out, 1), (err, 2), (ctl, 3)):
+            os.dup2(fd, target)  # dup2 clears FD_CLOEXEC on the target
+            os.close(fd)
         os.write(ready_w, b"1")
         os.close(ready_w)
         return {
