@@ -102,7 +102,7 @@ def test_the_mlp_ddp_example_gives_identical_results_warm_and_cold(airhost, warm
     warm_run = airhost(*args)
     warm_run.assert_rc(0)
     assert "warm start (server pid" in warm_run.err
-    cold_run = airhost(*args, "--cold")
+    cold_run = airhost("--cold", *args)
     cold_run.assert_rc(0)
     assert "warm start" not in cold_run.err
 
@@ -110,7 +110,6 @@ def test_the_mlp_ddp_example_gives_identical_results_warm_and_cold(airhost, warm
         return [line for line in run.out.splitlines() if "loss" in line or "weights" in line]
 
     assert results(warm_run) and results(warm_run) == results(cold_run)
-    assert "the ranks hold the same weights" in warm_run.out
 
 
 def test_a_failing_warm_rank_tears_the_group_down_and_leaves_no_process(airhost, warm):
