@@ -455,9 +455,10 @@ class Conn:
 
 
 def serve(sock_path, preload, parent_pid):
+    # With a parent pid (the Python API's caller), the serve loop leaves within a second of
+    # the parent's end. Not PR_SET_PDEATHSIG: it follows the thread that started us, which
+    # may end long before the process does.
     parent = int(parent_pid or 0)
-    if parent:
-        _airhost_rank.die_with_parent(parent, signal.SIGTERM)
     server = Server(sock_path, preload, parent)
     try:
         server.preload()

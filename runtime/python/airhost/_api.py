@@ -212,11 +212,14 @@ def _rank_binary() -> str:
 
 # ---- the warm server ------------------------------------------------------------------
 #
-# The first `.distributed()` call of a process starts one warm server (airhost-rank
-# --warm-server: an interpreter with torch imported that forks the ranks), without waiting
-# for it: that call starts cold, later ones fork from it once it is ready. It lives in a
-# private 0700 directory, dies with this process (PR_SET_PDEATHSIG, and atexit), and is
-# replaced if it dies. AIRHOST_WARM=0 turns it off; AIRHOST_PRELOAD chooses its modules.
+# The end of the first `.distributed()` call of a process starts one warm server
+# (airhost-rank --warm-server: an interpreter with torch imported that forks the ranks),
+# without waiting for it; later calls fork from it once it is ready. Started at the end, not
+# the start, because its `import torch` beside the first call's ranks would slow them by as
+# much on a node with few cores. It lives in a private 0700 directory, leaves within a second
+# of this process (it watches its parent pid: a death signal would follow the *thread* that
+# started it, and `.submit()` ends its threads), and is replaced if it dies.
+# AIRHOST_WARM=0 turns it off; AIRHOST_PRELOAD chooses its modules.
 
 
 class _WarmServer:
@@ -259,21 +262,33 @@ _warm_server: Optional[_WarmServer] = None
 
 
 def _warm_socket() -> str:
-    """The socket of this process's warm server, started (in the background) if need be;
-    '' when warm starts are off."""
-    global _warm_server
-    if os.environ.get("AIRHOST_WARM", "1") == "0" or not _rank_binary():
+    """The socket of this process's warm server when it is ready; '' otherwise (the call
+    then starts cold) or when warm starts are off."""
+    if os.environ.get("AIRHOST_WARM", "1") == "0":
         return ""
     with _warm_lock:
-        if _warm_server is None or not _warm_server.alive():
-            if _warm_server is not None:
-                _warm_server.stop()
-            else:
-                import atexit
+        server = _warm_server
+    return server.socket if server is not None and server.ready() else ""
 
-                atexit.register(_stop_warm_server)
+
+def _ensure_warm_server() -> None:
+    """After a call: starts the server for the next ones, if there is none alive."""
+    global _warm_server
+    if os.environ.get("AIRHOST_WARM", "1") == "0" or not _rank_binary():
+        return
+    with _warm_lock:
+        if _warm_server is not None and _warm_server.alive():
+            return
+        if _warm_server is not None:
+            _warm_server.stop()
+        else:
+            import atexit
+
+            atexit.register(_stop_warm_server)
+        try:
             _warm_server = _WarmServer()
-        return _warm_server.socket
+        except OSError:  # a warm start is an optimisation, never a reason to fail a call
+            _warm_server = None
 
 
 def _stop_warm_server() -> None:
@@ -432,6 +447,7 @@ class _Launch:
                 return None
             return _results_or_raise(report, self.opts)
         finally:
+            _ensure_warm_server()
             if self.lease:
                 self.lease.release()
             # The ranks have read it; a captured gigabyte must not stay in the runs directory.
