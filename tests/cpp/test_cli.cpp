@@ -146,6 +146,8 @@ TEST_CASE("every flag is read in its --flag VALUE and --flag=VALUE forms, before
       {{"--master-port=65535"}, [](const HostOptions& o) { CHECK(o.settings.master_port == 65535); }},
       {{"--max-restarts", "3"}, [](const HostOptions& o) { CHECK(o.settings.max_restarts == 3); }},
       {{"--max_restarts=0"}, [](const HostOptions& o) { CHECK(o.settings.max_restarts == 0); }},
+      {{"--preload", "torch,numpy"}, [](const HostOptions& o) { CHECK(o.settings.preload == "torch,numpy"); }},
+      {{"--cold"}, [](const HostOptions& o) { CHECK(o.settings.warm == false); }},
       {{"--no-prefix"}, [](const HostOptions& o) { CHECK(o.settings.prefix == false); }},
       {{"--prefix"}, [](const HostOptions& o) { CHECK(o.settings.prefix == true); }},
       {{"--ranks", "0,2,3"}, [](const HostOptions& o) { CHECK(o.settings.ranks == std::set<int>{0, 2, 3}); }},

@@ -53,6 +53,8 @@ run_dir = "/scratch/runs/exp1"
 master_addr = "10.0.0.1"
 master_port = 29500
 max_restarts = 3
+warm = false
+preload = ["torch", "numpy"]
 preflight = true
 
 [output]
@@ -72,6 +74,8 @@ OMP_NUM_THREADS = "4"
   CHECK(s.master_addr == "10.0.0.1");
   CHECK(s.master_port == 29500);
   CHECK(s.max_restarts == 3);
+  CHECK(s.warm == false);
+  CHECK(s.preload == "torch,numpy");
   CHECK(s.preflight == true);
   CHECK(s.prefix == false);
   CHECK(s.ranks == std::set<int>{0, 2, 3});
@@ -156,6 +160,8 @@ TEST_CASE("each config error names the file, line, column and key, and says what
        "got 70000; e.g. master_port = 29500"},
       {"master_port = -1\n", "cfg.toml:1:15: key 'master_port'", "got -1"},
       {"max_restarts = 1001\n", "cfg.toml:1:16: key 'max_restarts' must be an integer from 0 to 1000", "got 1001"},
+      {"preload = \"torch\"\n", "cfg.toml:1:11: key 'preload' must be an array of module names", "preload = [\"torch\", \"numpy\"]"},
+      {"warm = 1\n", "cfg.toml:1:8: key 'warm' must be a boolean", "warm = false"},
       {"preflight = \"yes\"\n", "cfg.toml:1:13: key 'preflight' must be a boolean, got a string",
        "e.g. preflight = true"},
       {"\n[output]\nprefix = \"yes\"\n", "cfg.toml:3:10: key 'output.prefix' must be a boolean, got a string",
@@ -340,6 +346,8 @@ TEST_CASE("configs/default.toml is valid and matches the built-in defaults") {
   CHECK(s.master_addr == spec.master_addr);
   CHECK(s.master_port == spec.master_port);
   CHECK(s.max_restarts == spec.max_restarts);
+  CHECK(s.warm == true);
+  CHECK_FALSE(s.preload);
   CHECK(s.preflight == false);
   CHECK(s.prefix == spec.output.prefix);
   CHECK(s.ranks == spec.output.ranks);
