@@ -192,7 +192,7 @@ int main(int argc, char** argv) {
   }
   if (report.ok()) {
     std::fprintf(stderr, "airhost: %s in %.1f s%s (logs: %s/logs)\n", report.message.c_str(), report.wall_seconds,
-                 report.start_mode.empty() ? "" : report.warm ? ", warm start" : ", cold start", report.run_dir.c_str());
+                 report.warm ? ", warm start" : "", report.run_dir.c_str());
   } else {
     std::fputs(failure_summary(report).c_str(), stderr);
   }
