@@ -1,26 +1,39 @@
 #!/usr/bin/env python3
-"""Launch benchmark: airhost against torchrun on one node.
+"""airhost against torchrun and friends, measured as a user feels it.
 
-    .venv/bin/python bench/launch.py                  # 4 ranks, 5 repeats, a table
-    .venv/bin/python bench/launch.py --repeats 9 --json
+    .venv/bin/python bench/launch.py                      # every section, ~10-15 min, a table
+    .venv/bin/python bench/launch.py --only startup,logs  # some sections
+    .venv/bin/python bench/launch.py --json > bench.json  # one JSON object instead
 
-1. Start-up: seconds from launching the command until EVERY rank has run its first line of
-   user code, for `airhost S --accelerators N` and `torchrun --standalone --nproc-per-node N S`
-   (plus plain `python S`, one process, as the floor). Target: airhost/torchrun <= 0.7.
-2. Steady state: wall time, launch to exit, of a short N-rank gloo DDP training script under
-   both launchers. Target: airhost/torchrun <= 1.0 (airhost no slower).
+Sections (bench/README.md says what each figure means and why it is measured that way):
 
-The two launchers alternate within every repeat (the order flips each repeat), after one
-uncounted warm-up run of each. Every run gets its own temporary directory, both launchers
-get OMP_NUM_THREADS=1, every run must exit 0 with every rank accounted for, and no rank
-process may outlive its launcher. bench/README.md explains how to read the output.
+  startup    launch -> every rank has run the line after `import torch`, 2 and 4 ranks:
+             airhost cold (tracking on and off), airhost warm (`airhost warm`, when built),
+             torchrun, torch.multiprocessing.spawn, accelerate launch, and N plain pythons
+  results    4 ranks each returning a 256 MiB tensor through @distributed, GB/s into the
+             caller, against a torch.multiprocessing Queue and memcpy
+  logs       4 ranks writing numbered lines flat out for 5 s: lines/s on the launcher's
+             stdout, lines lost or torn, the launcher process's CPU per million lines,
+             against torchrun --tee 3
+  steady     steps/s of a 4-rank gloo DDP MLP under airhost and torchrun
+  footprint  peak RSS of the supervising process (airhost's host, torchrun's agent) with
+             1, 4 and 16 ranks that sleep
+
+Within each section the launchers alternate in every repeat (the order rotates), after an
+uncounted warm-up run of each; figures are medians (with min and max). Every run must exit
+0 with every rank accounted for (a record written by each rank), and no process of a run
+may outlive its launcher; anything else stops the benchmark (exit status 1) with the
+launcher's output. Progress goes to stderr.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -30,109 +43,94 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable, Iterator
 
-STARTUP_TARGET = 0.7  # airhost / torchrun, medians of launch -> last rank's first line
-STEADY_TARGET = 1.0   # airhost / torchrun, medians of launch -> exit of the DDP script
+HERE = Path(__file__).resolve().parent
+SCRIPTS = HERE / "scripts"
+STAMP_ENV = "AIRHOST_BENCH_STAMPS"  # a run's record directory; also marks its processes
+WARM_ENV = "AIRHOST_BENCH_WARM"     # marks the warm server's processes
+SECTIONS = ("startup", "results", "logs", "steady", "footprint")
+MiB = 1 << 20
 
-STAMP_ENV = "AIRHOST_BENCH_STAMPS"  # the directory where ranks write their time stamps
-STEPS_ENV = "AIRHOST_BENCH_STEPS"
-
-# The very first statement takes the time: nothing may run before it but `import time`
-# (a built-in module, already loaded by the interpreter). Each rank then writes its stamp
-# and pid to a file of its own, imports torch, stamps again, and exits.
-STARTUP_SCRIPT = """\
-import time; _t_first = time.time()
-import os
-_dir = os.environ["AIRHOST_BENCH_STAMPS"]
-_rank = os.environ.get("RANK", "0")
-with open(os.path.join(_dir, "first." + _rank), "w") as _f:
-    _f.write("%r %d\\n" % (_t_first, os.getpid()))
-import torch
-with open(os.path.join(_dir, "torch." + _rank), "w") as _f:
-    _f.write("%r\\n" % time.time())
-"""
-
-# A short gloo DDP run: a small MLP, synthetic data, AIRHOST_BENCH_STEPS optimizer steps.
-DDP_SCRIPT = """\
-import time; _t_first = time.time()
-import os
-_dir = os.environ["AIRHOST_BENCH_STAMPS"]
-_rank = os.environ.get("RANK", "0")
-with open(os.path.join(_dir, "first." + _rank), "w") as _f:
-    _f.write("%r %d\\n" % (_t_first, os.getpid()))
-import gc
-import json
-import math
-import sys
-
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-
-t_torch = time.time()
-steps = int(os.environ.get("AIRHOST_BENCH_STEPS", "200"))
-dist.init_process_group("gloo")
-t_pg = time.time()
-rank = dist.get_rank()
-
-torch.manual_seed(0)
-model = DDP(nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(),
-                          nn.Linear(128, 1)))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-loss_fn = nn.MSELoss()
-w = torch.randn(32, 1, generator=torch.Generator().manual_seed(0))
-g = torch.Generator().manual_seed(1 + rank)
-batches = []
-for _ in range(16):
-    x = torch.randn(64, 32, generator=g)
-    batches.append((x, x @ w + 0.01 * torch.randn(64, 1, generator=g)))
-
-dist.barrier()
-t_train0 = time.time()
-for step in range(steps):
-    x, y = batches[step % len(batches)]
-    optimizer.zero_grad(set_to_none=True)
-    loss = loss_fn(model(x), y)
-    loss.backward()
-    optimizer.step()
-final_loss = loss.item()
-t_train1 = time.time()
-# Free the DDP model (its reducer holds gloo work) before the process group goes: with
-# torch 2.13 a rank that still holds them aborts now and then at interpreter exit
-# ("terminate called without an active exception"), under torchrun and airhost alike.
-del model, optimizer, loss, x, y, batches
-gc.collect()
-dist.destroy_process_group()
-t_end = time.time()
-
-with open(os.path.join(_dir, "result." + _rank), "w") as _f:
-    json.dump({"torch": t_torch, "pg": t_pg, "train0": t_train0, "train1": t_train1,
-               "end": t_end, "steps": steps, "loss": final_loss}, _f)
-sys.exit(0 if math.isfinite(final_loss) else 3)
-"""
+# The targets (issue 9). "<=" / ">=" on airhost / peer, or on a count.
+TARGETS = {
+    "startup_vs_torchrun": ("<=", 0.7),    # cold, tracking on (the default)
+    "startup_vs_floor": ("<=", 1.10),      # cold, tracking on: within 10% of N bare pythons
+    "warm_vs_torchrun": ("<=", 0.05),
+    "results_vs_memcpy": (">=", 0.5),
+    "results_vs_mp_queue": (">=", 5.0),
+    "logs_lost": ("<=", 0),
+    "logs_torn": ("<=", 0),
+    "logs_cpu_per_mline": ("<=", 0.2),     # seconds of host CPU per million lines
+    "steady_steps": (">=", 0.98),          # within 2% (faster is fine)
+    "footprint": ("<=", 0.1),
+}
 
 
 class BenchError(Exception):
-    """A run failed; the message says which and why (with the launcher's stderr)."""
+    """A run failed; the message says which and why (with the launcher's output)."""
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-# --------------------------------------------------------------------------- processes
+def summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}
 
 
-def _proc_marker(stamp_dir: Path) -> bytes:
-    return f"{STAMP_ENV}={stamp_dir}".encode() + b"\0"
+# --------------------------------------------------------------------------- /proc
 
 
-def run_processes(stamp_dir: Path) -> list[int]:
-    """Live processes (not zombies) of one run: those whose environment names its stamp
-    directory. Both launchers pass their environment on to the ranks, and the ranks to
-    their own children, so this finds every process the run started, and only those."""
-    marker = _proc_marker(stamp_dir)
+def proc_stat(pid: int) -> dict | None:
+    """State, own CPU seconds (children excluded) and start time of a process, or None.
+    Works on a zombie too: its CPU times stay readable until it is reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return {"state": fields[0], "cpu": (int(fields[11]) + int(fields[12])) / tick,
+            "start": int(fields[19])}
+
+
+def vm_hwm_kib(pid: int) -> int | None:
+    """Peak resident set size (VmHWM) of a live process, in KiB."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return found
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def marked_processes(name: str, value: str) -> list[int]:
+    """Live processes (not zombies) whose environment holds name=value. The launchers pass
+    their environment on to the ranks, and the ranks to their own children."""
+    marker = f"{name}={value}".encode() + b"\0"
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -147,7 +145,7 @@ def run_processes(stamp_dir: Path) -> list[int]:
     return found
 
 
-def kill_pids(pids: list[int], sig: int) -> None:
+def kill_pids(pids, sig: int) -> None:
     for pid in pids:
         try:
             os.kill(pid, sig)
@@ -155,141 +153,848 @@ def kill_pids(pids: list[int], sig: int) -> None:
             pass
 
 
-def reap_leftovers(stamp_dir: Path, wait_s: float = 5.0) -> list[int]:
-    """Waits up to wait_s for the run's processes to be gone; kills (by pid) and returns
-    those that were still alive then."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        left = run_processes(stamp_dir)
-        if not left or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    if left:
-        kill_pids(left, signal.SIGKILL)
-    return left
+def tail(path: Path, lines: int = 60) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 20000))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return "(unreadable)"
+    rows = text.splitlines()[-lines:]
+    return "\n".join(rows) if rows else "(empty)"
 
 
 # --------------------------------------------------------------------------- one run
 
 
-def tail(path: Path, lines: int = 80) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(unreadable)"
-    rows = text.splitlines()
-    if len(rows) > lines:
-        rows = [f"... ({len(rows) - lines} earlier lines in {path})"] + rows[-lines:]
-    return "\n".join(rows) if rows else "(empty)"
+@dataclasses.dataclass
+class Proc:
+    """One process the benchmark starts for a run: its command line and extra variables."""
+    argv: list[str]
+    env: dict = dataclasses.field(default_factory=dict)
 
 
-def run_once(name: str, argv: list[str], run_dir: Path, cwd: Path, nranks: int,
-             timeout_s: float, extra_env: dict[str, str]) -> dict:
-    """Starts argv, waits for it to exit, checks it and every one of its ranks, and returns
-    the run's time stamps relative to the launch."""
-    stamps = run_dir / "stamps"
-    stamps.mkdir(parents=True)
-    (run_dir / "tmp").mkdir()
-    env = dict(os.environ)
-    env.update(extra_env)
-    env[STAMP_ENV] = str(stamps)
-    env["OMP_NUM_THREADS"] = "1"
-    # Like for like: torchrun makes no MLflow run, so airhost makes none either here.
-    env["AIRHOST_TRACKING"] = "0"
-    env["TMPDIR"] = str(run_dir / "tmp")  # torchrun's log dirs etc. stay inside the run
-    out_path, err_path = run_dir / "stdout", run_dir / "stderr"
-    timed_out = threading.Event()
+class Bench:
+    """What every run shares: tools, the temporary root, the base environment, settings."""
 
-    with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        t_launch = time.time()
-        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=err, start_new_session=True)
+    def __init__(self, args, root: Path):
+        self.args = args
+        self.root = root
+        self.count = 0
+        self.lingered: list[dict] = []  # processes that outlived their launcher briefly
+        self.airhost, self.torchrun, self.accelerate, self.python = (
+            args.airhost, args.torchrun, args.accelerate, args.python)
+        (root / "tmp").mkdir()
 
-        def on_timeout():
-            timed_out.set()
+    def base_env(self) -> dict:
+        """The caller's environment without anything that would change a launcher's
+        behaviour (a surrounding airhost, torchrun or MLflow run), plus what is common:
+        one OpenMP thread per rank (torchrun and airhost both set it; the others get it here
+        too), temporary files and MLflow's database inside the benchmark's directory, and
+        tracking off unless a run turns it on."""
+        scrub = ("AIRHOST_", "MLFLOW_", "TORCHELASTIC_", "ACCELERATE_")
+        plain = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(scrub) and k not in plain}
+        env.update(OMP_NUM_THREADS="1", TMPDIR=str(self.root / "tmp"), AIRHOST_TRACKING="0",
+                   MLFLOW_TRACKING_URI=f"sqlite:///{self.root / 'mlflow.db'}")
+        return env
+
+    def run(self, label: str, procs: list[Proc], *, nranks: int = 0, kind: str = "",
+            env: dict | None = None, unset=(), pipe_stdout: bool = False,
+            watch_rss: bool = False) -> dict:
+        """Starts the processes of one run together, waits for every one to exit, and checks
+        the run: exit status 0, a `kind` record from each of `nranks` ranks, and no process
+        of the run left once its launcher is gone. Returns, relative to the launch: `exit`
+        (the last process's exit), `records` (each rank's record, `t` fields made relative),
+        and for a single launcher process its own CPU seconds (`host_cpu`, children
+        excluded, read from its zombie) and, with watch_rss, its peak RSS (`host_hwm_kib`,
+        polled from /proc every 10 ms) and that of an `airhost-rank --guard` child.
+        pipe_stdout: its stdout is a pipe this process reads to the end, into a file
+        (`stdout`), noting when data last came (`t_last_data`)."""
+        self.count += 1
+        run_dir = self.root / f"{self.count:03d}-{re.sub(r'[^a-z0-9]+', '-', label.lower())}"
+        stamps = run_dir / "stamps"
+        stamps.mkdir(parents=True)
+        base = self.base_env()
+        base.update(env or {})
+        for name in unset:
+            base.pop(name, None)
+        base[STAMP_ENV] = str(stamps)
+        base["AIRHOST_RUNS_DIR"] = str(run_dir / "airhost-runs")
+        out_path, err_path = run_dir / "stdout", run_dir / "stderr"
+
+        popens, reader, watcher = [], None, None
+        got = {"t_last_data": None, "host_hwm_kib": None, "guard_hwm_kib": None}
+        stop_watch = threading.Event()
+        timed_out = threading.Event()
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            t_launch = time.time()
+            for p in procs:
+                popens.append(subprocess.Popen(
+                    p.argv, cwd=run_dir, env={**base, **p.env}, stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE if pipe_stdout else out, stderr=err,
+                    start_new_session=True))
+            host = popens[0]
+            if pipe_stdout:
+                reader = threading.Thread(target=_drain, args=(host.stdout, out, got, host.pid),
+                                          daemon=True)
+                reader.start()
+            if watch_rss:
+                watcher = threading.Thread(target=_watch_rss, args=(host.pid, got, stop_watch),
+                                           daemon=True)
+                watcher.start()
+
+            def on_timeout():
+                timed_out.set()
+                for p in popens:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGKILL)
+                kill_pids(marked_processes(STAMP_ENV, str(stamps)), signal.SIGKILL)
+
+            timer = threading.Timer(self.args.timeout, on_timeout)
+            timer.daemon = True
+            timer.start()
+            host_cpu = None
             try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                return
-            # A launcher that does not take its ranks down within 30 s: kill it and them.
-            kill = threading.Timer(30, lambda: (kill_pids(run_processes(stamps), signal.SIGKILL),
-                                                proc.kill()))
-            kill.daemon = True
-            kill.start()
+                if len(popens) == 1:
+                    # Wait without reaping, so the zombie's own CPU time can still be read.
+                    os.waitid(os.P_PID, host.pid, os.WEXITED | os.WNOWAIT)
+                    t_exit = time.time()
+                    st = proc_stat(host.pid)
+                    host_cpu = st["cpu"] if st else None
+                    codes = [host.wait()]
+                else:
+                    codes = [p.wait() for p in popens]
+                    t_exit = time.time()
+            except BaseException:  # Ctrl-C: take the run down before leaving
+                on_timeout()
+                for p in popens:
+                    p.wait()
+                raise
+            finally:
+                timer.cancel()
+                stop_watch.set()
 
-        # A blocking wait() returns the moment the launcher exits; wait(timeout) would poll.
-        timer = threading.Timer(timeout_s, on_timeout)
-        timer.daemon = True
-        timer.start()
+        records = read_records(stamps)
+
+        def fail(why: str) -> BenchError:
+            return BenchError(
+                f"{label} run failed: {why}\n  command: {' '.join(procs[0].argv)}"
+                f"{f' (and {len(procs) - 1} more)' if len(procs) > 1 else ''}\n"
+                f"  run dir: {run_dir}\n--- stderr ---\n{tail(err_path)}\n"
+                f"--- stdout ---\n{tail(out_path, 20)}")
+
+        lingered, leftovers = self.reap_leftovers(stamps, records)
+        for x in lingered:
+            self.lingered.append({"run": label, **x})
+        if reader is not None:
+            reader.join(timeout=30)
+        if watcher is not None:
+            watcher.join(timeout=5)
+        if timed_out.is_set():
+            raise fail(f"no exit within {self.args.timeout:g} s (killed)")
+        if any(codes):
+            raise fail(f"exit status {codes if len(codes) > 1 else codes[0]}")
+        if leftovers:
+            raise fail(f"{len(leftovers)} process(es) still running after the launcher exited: "
+                       f"pids {leftovers} (killed)")
+        if reader is not None and reader.is_alive():
+            raise fail("its stdout was still open 30 s after it exited")
+        ranks = {int(name.split(".")[1]): rec for name, rec in records.items()
+                 if name.split(".")[0] == kind}
+        missing = [r for r in range(nranks) if r not in ranks]
+        if missing:
+            raise fail(f"rank(s) {missing} of {nranks} left no {kind!r} record")
+        for rec in ranks.values():
+            for key in [k for k in rec if k == "t" or k.startswith("t_")]:
+                rec[key] -= t_launch
+        result = {"exit": t_exit - t_launch, "records": [ranks[r] for r in range(nranks)],
+                  "host_cpu": host_cpu, "run_dir": str(run_dir), "stdout": str(out_path),
+                  "lingered": lingered}
+        if got["t_last_data"] is not None:
+            result["t_last_data"] = got["t_last_data"] - t_launch
+            result["host_cpu_before_output"] = got["cpu_at_first_data"]
+        if watch_rss:
+            result["host_hwm_kib"] = got["host_hwm_kib"]
+            result["guard_hwm_kib"] = got["guard_hwm_kib"]
+        return result
+
+    def reap_leftovers(self, stamps: Path, records: dict, wait_s: float = 5.0) -> tuple[list, list]:
+        """The processes of the run still there once its launcher has exited: those whose
+        environment names its record directory, and the ranks that left a record (found by
+        pid and start time, for ranks that did not inherit the launcher's environment).
+        Returns (lingered, left): `lingered` those alive right after the exit that were gone
+        within wait_s (pid, command, milliseconds), `left` those still alive then, which it
+        kills (by pid)."""
+        def alive() -> set[int]:
+            found = set(marked_processes(STAMP_ENV, str(stamps)))
+            for rec in records.values():
+                st = proc_stat(rec["pid"])
+                if st and st["start"] == rec["start"] and st["state"] not in "ZX":
+                    found.add(rec["pid"])
+            return found
+
+        t0 = time.monotonic()
+        first = {pid: cmdline(pid).replace(b"\0", b" ").decode(errors="replace").strip()
+                 for pid in alive()}
+        gone_at = {}
+        left = set(first)
+        while left and time.monotonic() - t0 < wait_s:
+            time.sleep(0.01)
+            now = alive()
+            for pid in left - now:
+                gone_at[pid] = time.monotonic() - t0
+            left &= now
+        kill_pids(left, signal.SIGKILL)
+        lingered = [{"pid": pid, "command": first[pid][:120], "ms": round(gone_at[pid] * 1000)}
+                    for pid in sorted(gone_at)]
+        return lingered, sorted(left)
+
+    def done_with(self, result: dict) -> None:
+        """Frees a finished run's directory (logs can be hundreds of MB) unless --keep."""
+        if not self.args.keep:
+            shutil.rmtree(result["run_dir"], ignore_errors=True)
+
+
+def _drain(pipe, out, got: dict, pid: int) -> None:
+    """Reads the launcher's stdout to the end into `out`; notes the launcher's own CPU time
+    when the first bytes come (what it spent starting up) and when the last ones came."""
+    fd = pipe.fileno()
+    while True:
+        data = os.read(fd, 1 << 20)
+        if not data:
+            break
+        if "cpu_at_first_data" not in got:
+            st = proc_stat(pid)
+            got["cpu_at_first_data"] = st["cpu"] if st else 0.0
+        got["t_last_data"] = time.time()
+        out.write(data)
+    pipe.close()
+
+
+def _watch_rss(pid: int, got: dict, stop: threading.Event) -> None:
+    """Polls the peak RSS of `pid` (and of its `airhost-rank --guard` child, if any) until
+    it exits. VmHWM only grows, so the last value read is the peak but for the last 10 ms."""
+    guard = None
+    while not stop.is_set():
+        hwm = vm_hwm_kib(pid)
+        if hwm is None:
+            break
+        got["host_hwm_kib"] = hwm
+        if guard is None:
+            guard = next((c for c in children(pid) if b"--guard" in cmdline(c)), None)
+        if guard is not None:
+            g = vm_hwm_kib(guard)
+            if g is not None:
+                got["guard_hwm_kib"] = g
+        stop.wait(0.01)
+
+
+def read_records(stamps: Path) -> dict:
+    records = {}
+    for path in stamps.iterdir():
+        if not path.name.endswith(".tmp"):
+            with contextlib.suppress(OSError, ValueError):
+                records[path.name] = json.loads(path.read_text())
+    return records
+
+
+# --------------------------------------------------------------------------- launchers
+
+
+@dataclasses.dataclass
+class Launcher:
+    """A way of starting N ranks of a script: the processes to start, extra environment,
+    and optionally a session around its runs (the warm server), with uncounted runs first."""
+    key: str
+    label: str
+    procs: Callable[[str, int], list[Proc]]   # (script, nranks) -> processes
+    env: dict = dataclasses.field(default_factory=dict)
+    unset: tuple = ()
+    session: Callable[[], contextlib.AbstractContextManager] | None = None
+    available: bool = True
+    why_not: str = ""
+
+
+def airhost_launcher(b: Bench, key: str, label: str, **kw) -> Launcher:
+    return Launcher(key, label, lambda s, n: [Proc([b.airhost, s, "-n", str(n)])], **kw)
+
+
+def torchrun_launcher(b: Bench) -> Launcher:
+    return Launcher("torchrun", "torchrun --standalone",
+                    lambda s, n: [Proc([b.torchrun, "--standalone", "--nproc-per-node", str(n), s])])
+
+
+def accelerate_launcher(b: Bench) -> Launcher:
+    """accelerate launch. In accelerate 1.16 `--cpu --num_processes N` starts ONE process
+    (N CPU processes need MPI, `--mpirun_hostfile`), so the benchmark gives it a config
+    file with distributed_type MULTI_GPU, which starts N processes through torch's elastic
+    agent (the path `accelerate launch` takes on a GPU node), and ACCELERATE_USE_CPU=true
+    for the ranks, as --cpu would set."""
+    config = b.root / "accelerate.yaml"
+    config.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_GPU\n"
+                      "num_machines: 1\nmachine_rank: 0\nnum_processes: 1\ngpu_ids: all\n"
+                      "mixed_precision: 'no'\nuse_cpu: false\nrdzv_backend: static\n"
+                      "same_network: true\nmain_process_port: 0\n")
+    return Launcher("accelerate", "accelerate launch",
+                    lambda s, n: [Proc([b.accelerate, "launch", "--config_file", str(config),
+                                        "--num_processes", str(n), s])],
+                    env={"ACCELERATE_USE_CPU": "true"})
+
+
+def spawn_launcher(b: Bench) -> Launcher:
+    return Launcher("mp_spawn", "torch.multiprocessing.spawn",
+                    lambda s, n: [Proc([b.python, str(SCRIPTS / "spawn_launcher.py"), str(n)])])
+
+
+def floor_launcher(b: Bench) -> Launcher:
+    return Launcher("floor", "floor: N x python S",
+                    lambda s, n: [Proc([b.python, s], {"RANK": str(r)}) for r in range(n)])
+
+
+class WarmServer:
+    """`airhost warm start --preload torch` ... `airhost warm stop`, for the warm runs.
+
+    Whether `airhost warm` exists is asked of `airhost warm status`: an airhost without it
+    takes `warm` for a script and `status` for a second target and exits 2 (usage). The
+    server gets the benchmark's environment plus a marker, so that after `warm stop` the
+    benchmark can check that none of its processes is left."""
+
+    def __init__(self, b: Bench):
+        self.b = b
+        self.env = b.base_env()
+        self.env.pop("AIRHOST_TRACKING")  # the default, as for the warm runs
+        self.env[WARM_ENV] = str(b.root)
+        self.proc = None
+        self.starts = []
+
+    def _cmd(self, *args, timeout=60) -> subprocess.CompletedProcess:
+        return subprocess.run([self.b.airhost, "warm", *args], env=self.env, cwd=self.b.root,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=timeout)
+
+    def built(self) -> tuple[bool, str]:
         try:
-            rc = proc.wait()
-            t_exit = time.time()
-        except BaseException:  # Ctrl-C: take the run down before leaving
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(timeout=15)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                proc.kill()
-                proc.wait()
-            reap_leftovers(stamps, wait_s=0)
-            raise
+            r = self._cmd("status")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return False, f"`airhost warm status` failed: {e}"
+        text = (r.stdout + r.stderr).strip().splitlines()
+        if r.returncode == 2:
+            return False, "not built: `airhost warm status` exits 2 (" + (text[0] if text else "") + ")"
+        return True, ""
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        t0 = time.time()
+        log_path = self.b.root / "warm-server.log"
+        with open(log_path, "ab") as logf:
+            self.proc = subprocess.Popen([self.b.airhost, "warm", "start", "--preload", "torch"],
+                                         env=self.env, cwd=self.b.root, stdin=subprocess.DEVNULL,
+                                         stdout=logf, stderr=logf, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 180
+            while True:  # `start` may stay in the foreground, or return once it is up
+                rc = self.proc.poll()
+                if rc not in (None, 0):
+                    raise BenchError(f"`airhost warm start --preload torch` exited {rc}:\n"
+                                     f"{tail(log_path)}")
+                if self._cmd("status").returncode == 0:
+                    break
+                if time.monotonic() > deadline:
+                    raise BenchError(f"the warm server was not up after 180 s:\n{tail(log_path)}")
+                time.sleep(0.1)
+            self.starts.append(time.time() - t0)
+            yield
         finally:
-            timer.cancel()
+            self.stop(log_path)
 
-    def fail(why: str) -> BenchError:
-        return BenchError(
-            f"{name} run failed: {why}\n  command: {' '.join(argv)}\n  run dir: {run_dir}\n"
-            f"--- stderr ---\n{tail(err_path)}\n--- stdout ---\n{tail(out_path, 20)}")
-
-    # Nothing of the run may outlive the launcher.
-    leftovers = reap_leftovers(stamps)
-    if timed_out.is_set():
-        raise fail(f"no exit within {timeout_s:g} s (killed)")
-    if rc != 0:
-        raise fail(f"exit status {rc}")
-    if leftovers:
-        raise fail(f"{len(leftovers)} process(es) still running after the launcher exited: "
-                   f"pids {leftovers} (killed)")
-
-    result: dict = {"launch_to_exit": t_exit - t_launch}
-    firsts = {}
-    for r in range(nranks):
-        try:
-            t, pid = (stamps / f"first.{r}").read_text().split()
-        except (OSError, ValueError):
-            raise fail(f"rank {r} never wrote its first-line stamp") from None
-        firsts[r] = float(t) - t_launch
-    result["first_line_per_rank"] = [firsts[r] for r in range(nranks)]
-    result["first_line"] = max(firsts.values())  # the LAST rank to get there
-    if min(firsts.values()) < 0:
-        raise fail("a rank's first-line stamp is earlier than the launch (clock?)")
-
-    torch_files = sorted(stamps.glob("torch.*"))
-    if torch_files:
-        if len(torch_files) != nranks:
-            raise fail(f"{len(torch_files)} of {nranks} ranks imported torch")
-        result["torch_imported"] = max(float(p.read_text()) for p in torch_files) - t_launch
-
-    result_files = sorted(stamps.glob("result.*"))
-    if result_files:
-        if len(result_files) != nranks:
-            raise fail(f"{len(result_files)} of {nranks} ranks finished training")
-        res = [json.loads(p.read_text()) for p in result_files]
-        result["torch_imported"] = max(x["torch"] for x in res) - t_launch
-        result["pg_ready"] = max(x["pg"] for x in res) - t_launch
-        result["train_start"] = max(x["train0"] for x in res) - t_launch
-        result["train_loop"] = max(x["train1"] - x["train0"] for x in res)
-        result["pg_destroyed"] = max(x["end"] for x in res) - t_launch
-        result["steps"] = res[0]["steps"]
-        result["loss"] = res[0]["loss"]
-    return result
+    def stop(self, log_path: Path) -> None:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            self._cmd("stop")
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            self.proc = None
+        deadline = time.monotonic() + 10
+        while (left := marked_processes(WARM_ENV, str(self.b.root))) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if left:
+            kill_pids(left, signal.SIGKILL)
+            raise BenchError(f"after `airhost warm stop`, {len(left)} warm-server process(es) "
+                             f"were still running: pids {left} (killed); log: {log_path}")
 
 
-# --------------------------------------------------------------------------- statistics
+def series(b: Bench, section: str, launchers: list[Launcher], one: Callable[[Launcher, str], dict],
+           repeats: int) -> dict[str, list[dict]]:
+    """Runs every available launcher once uncounted, then `repeats` rounds in an order that
+    rotates every round. A launcher with a session (the warm server) gets it around each of
+    its turns, with one uncounted run first: the measured run is one of a user's repeated
+    launches against a running server, and the other launchers never run beside it."""
+    active = [l for l in launchers if l.available]
+    runs: dict[str, list[dict]] = {l.key: [] for l in active}
+
+    def turn(l: Launcher, tag: str, counted: bool):
+        with l.session() if l.session else contextlib.nullcontext():
+            if l.session:
+                one(l, tag + "-primer")
+            res = one(l, tag)
+        if counted:
+            runs[l.key].append(res)
+        return res
+
+    for w in range(b.args.warmup):
+        for l in active:
+            turn(l, f"warmup{w}", False)
+    for i in range(repeats):
+        order = active[i % len(active):] + active[:i % len(active)]
+        shown = []
+        for l in order:
+            res = turn(l, f"rep{i}", True)
+            shown.append(f"{l.key} {res['shown']}")
+        log(f"  {section} {i + 1}/{repeats}: " + ", ".join(shown))
+    return runs
 
 
-def summary(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+# --------------------------------------------------------------------------- 1. start-up
+
+
+def bench_startup(b: Bench) -> dict:
+    """Launch -> the LAST rank's time stamp on the line right after `import torch`."""
+    warm = WarmServer(b)
+    built, why = {"yes": (True, ""), "no": (False, "skipped (--warm no)")}.get(b.args.warm) \
+        or warm.built()
+    launchers = [
+        airhost_launcher(b, "airhost_cold_tracking", "airhost cold, tracking on (default)",
+                         unset=("AIRHOST_TRACKING",)),
+        airhost_launcher(b, "airhost_cold_no_tracking", "airhost cold, AIRHOST_TRACKING=0"),
+        airhost_launcher(b, "airhost_warm", "airhost warm (warm start --preload torch)",
+                         unset=("AIRHOST_TRACKING",), session=warm.running, available=built,
+                         why_not=why),
+        torchrun_launcher(b),
+        spawn_launcher(b),
+        accelerate_launcher(b),
+        floor_launcher(b),
+    ]
+    script = str(SCRIPTS / "startup.py")
+    out = {"launchers": {l.key: {"label": l.label, "available": l.available, "why_not": l.why_not}
+                         for l in launchers}, "by_ranks": {}}
+    for n in b.args.startup_ranks:
+        def one(l: Launcher, tag: str) -> dict:
+            res = b.run(f"startup-{n}-{l.key}-{tag}", l.procs(script, n), nranks=n, kind="torch",
+                        env=l.env, unset=l.unset)
+            b.done_with(res)
+            res["ready"] = max(r["t"] for r in res["records"])
+            res["shown"] = f"{res['ready']:.3f}s"
+            return res
+
+        log(f"start-up, {n} ranks")
+        runs = series(b, f"start-up {n} ranks", launchers, one, b.args.repeats or 5)
+        by = {}
+        for key, rs in runs.items():
+            by[key] = {"ready": summary([r["ready"] for r in rs]),
+                       "exit": summary([r["exit"] for r in rs]),
+                       "runs": [{"ready": r["ready"], "exit": r["exit"],
+                                 "per_rank": [x["t"] for x in r["records"]]} for r in rs]}
+        out["by_ranks"][str(n)] = by
+    if built:
+        out["warm_server_start_s"] = summary(warm.starts)
+    return out
+
+
+# --------------------------------------------------------------------------- 2. results
+
+
+def bench_results(b: Bench) -> dict:
+    """GB/s from the last rank's result being ready to the caller holding every result."""
+    n, mib = b.args.result_ranks, b.args.result_mib
+    caller = str(SCRIPTS / "results_caller.py")
+
+    def mode(key, label, m, ranks):
+        return Launcher(key, label, lambda s, _n: [Proc([b.python, caller, m, str(ranks), str(mib)])])
+
+    launchers = [mode("airhost", "airhost @distributed", "airhost", n),
+                 mode("mp_queue", "torch.multiprocessing Queue", "mp-queue", n),
+                 mode("memcpy", "memcpy (one 256 MiB copy)", "memcpy", 1)]
+
+    def one(l: Launcher, tag: str) -> dict:
+        res = b.run(f"results-{l.key}-{tag}", l.procs("", n))
+        lines = Path(res["stdout"]).read_text().strip().splitlines()
+        b.done_with(res)
+        got = json.loads(lines[-1])
+        res.update(got, gbps=got["bytes"] / got["window"] / 1e9)
+        res["shown"] = f"{res['gbps']:.2f} GB/s"
+        return res
+
+    log(f"results: {n} ranks x {mib} MiB")
+    runs = series(b, "results", launchers, one, b.args.repeats or 5)
+    out = {"ranks": n, "mib": mib}
+    for key, rs in runs.items():
+        out[key] = {"gbps": summary([r["gbps"] for r in rs]),
+                    "window": summary([r["window"] for r in rs]),
+                    "runs": [{k: r.get(k) for k in ("gbps", "window", "call", "exit")} for r in rs]}
+        if key != "memcpy":
+            out[key]["call"] = summary([r["call"] for r in rs])
+    return out
+
+
+# --------------------------------------------------------------------------- 3. logs
+
+LINE_RE = re.compile(rb"(?:\[rank (\d+)\] |\[default(\d+)\]:)(\d+) (\d{10}) x{60}")
+
+
+def count_lines(path: Path, written: list[int]) -> dict:
+    """Checks every line a launcher printed against what the ranks wrote. A line is whole
+    when it is the launcher's prefix for rank R followed by exactly one line rank R wrote;
+    anything else is torn. Lost = written - received (each line counted once)."""
+    seen = [bytearray(w) for w in written]
+    last = [-1] * len(written)
+    received = torn = duplicated = out_of_order = 0
+    examples = []  # the first few torn lines, shortened, for the report
+    rest = b""
+
+    def one(line: bytes):
+        nonlocal received, torn, duplicated, out_of_order
+        m = LINE_RE.fullmatch(line)
+        if m:
+            shown, r, seq = int(m[1] or m[2]), int(m[3]), int(m[4])
+        if not m or shown != r or r >= len(written) or seq >= written[r]:
+            torn += 1
+            if len(examples) < 3:
+                examples.append(repr(line[:60]) + (f"...({len(line)} bytes)" if len(line) > 60 else ""))
+        elif seen[r][seq]:
+            duplicated += 1
+        else:
+            seen[r][seq] = 1
+            received += 1
+            if seq < last[r]:
+                out_of_order += 1
+            last[r] = seq
+
+    with open(path, "rb") as f:
+        while chunk := f.read(64 * MiB):
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()
+            for line in lines:
+                one(line)
+    if rest:
+        one(rest)
+    return {"written": sum(written), "received": received, "lost": sum(written) - received,
+            "torn": torn, "duplicated": duplicated, "out_of_order": out_of_order,
+            "torn_examples": examples}
+
+
+def bench_logs(b: Bench) -> dict:
+    n, seconds = b.args.log_ranks, b.args.log_seconds
+    script = str(SCRIPTS / "log_writer.py")
+    launchers = [
+        airhost_launcher(b, "airhost", "airhost"),
+        Launcher("torchrun", "torchrun --tee 3",
+                 lambda s, n: [Proc([b.torchrun, "--standalone", "--nproc-per-node", str(n),
+                                     "--tee", "3", "--log-dir", "torchrun-logs", s])]),
+    ]
+
+    def one(l: Launcher, tag: str) -> dict:
+        res = b.run(f"logs-{l.key}-{tag}", l.procs(script, n), nranks=n, kind="log",
+                    env={"AIRHOST_BENCH_LOG_SECONDS": str(seconds)}, pipe_stdout=True)
+        recs = res["records"]
+        res.update(count_lines(Path(res["stdout"]), [r["lines"] for r in recs]))
+        b.done_with(res)
+        span = res["t_last_data"] - min(r["t_start"] for r in recs)
+        res["lines_per_s"] = res["received"] / span
+        res["written_per_s"] = res["written"] / max(r["t_end"] - r["t_start"] for r in recs)
+        # The launcher's CPU from its first line out to its exit: what forwarding cost it,
+        # without its own start-up (torchrun imports torch, airhost does not).
+        res["host_cpu_output"] = res["host_cpu"] - res["host_cpu_before_output"]
+        res["cpu_per_mline"] = res["host_cpu_output"] / max(res["received"], 1) * 1e6
+        res["shown"] = (f"{res['lines_per_s'] / 1e6:.2f} M lines/s, lost {res['lost']}, "
+                        f"torn {res['torn']}, {res['cpu_per_mline']:.3f} s CPU/M")
+        return res
+
+    log(f"logs: {n} ranks writing for {seconds:g} s")
+    runs = series(b, "logs", launchers, one, b.args.repeats or 3)
+    out = {"ranks": n, "seconds": seconds}
+    for key, rs in runs.items():
+        out[key] = {m: summary([r[m] for r in rs]) for m in
+                    ("lines_per_s", "written_per_s", "cpu_per_mline", "host_cpu",
+                     "host_cpu_output", "exit")}
+        for m in ("written", "received", "lost", "torn", "duplicated", "out_of_order"):
+            out[key][m] = sum(r[m] for r in rs)  # totals over the repeats
+        out[key]["runs"] = [{m: r[m] for m in ("lines_per_s", "written", "received", "lost", "torn",
+                                               "duplicated", "out_of_order", "host_cpu",
+                                               "host_cpu_output", "cpu_per_mline", "exit",
+                                               "torn_examples")}
+                            for r in rs]
+    return out
+
+
+# --------------------------------------------------------------------------- 4. steady state
+
+
+def bench_steady(b: Bench) -> dict:
+    n, steps = b.args.steady_ranks, b.args.steps
+    script = str(SCRIPTS / "ddp_steps.py")
+    launchers = [airhost_launcher(b, "airhost", "airhost"), torchrun_launcher(b)]
+
+    def one(l: Launcher, tag: str) -> dict:
+        res = b.run(f"steady-{l.key}-{tag}", l.procs(script, n), nranks=n, kind="steps",
+                    env={"AIRHOST_BENCH_STEPS": str(steps)})
+        b.done_with(res)
+        res["steps_per_s"] = steps / max(r["loop"] for r in res["records"])
+        res["shown"] = f"{res['steps_per_s']:.1f} steps/s"
+        return res
+
+    log(f"steady state: {n} ranks, {steps} DDP steps")
+    runs = series(b, "steady", launchers, one, b.args.repeats or 5)
+    out = {"ranks": n, "steps": steps}
+    for key, rs in runs.items():
+        out[key] = {"steps_per_s": summary([r["steps_per_s"] for r in rs]),
+                    "exit": summary([r["exit"] for r in rs]),
+                    "runs": [r["steps_per_s"] for r in rs]}
+    return out
+
+
+# --------------------------------------------------------------------------- 5. footprint
+
+
+def bench_footprint(b: Bench) -> dict:
+    script = str(SCRIPTS / "sleeper.py")
+    launchers = [airhost_launcher(b, "airhost", "airhost host process"),
+                 Launcher("torchrun", "torchrun agent", torchrun_launcher(b).procs)]
+    out = {"sleep_s": b.args.sleep, "by_ranks": {}}
+    for n in b.args.footprint_ranks:
+        def one(l: Launcher, tag: str) -> dict:
+            res = b.run(f"footprint-{n}-{l.key}-{tag}", l.procs(script, n), nranks=n,
+                        kind="sleep", env={"AIRHOST_BENCH_SLEEP": str(b.args.sleep)},
+                        watch_rss=True)
+            b.done_with(res)
+            if res["host_hwm_kib"] is None:
+                raise BenchError(f"{l.label}: no peak RSS read for pid (exited too early?)")
+            res["mib"] = res["host_hwm_kib"] / 1024
+            res["shown"] = f"{res['mib']:.1f} MiB"
+            return res
+
+        log(f"footprint, {n} ranks")
+        runs = series(b, f"footprint {n} ranks", launchers, one, b.args.repeats or 3)
+        by = {}
+        for key, rs in runs.items():
+            by[key] = {"mib": summary([r["mib"] for r in rs]),
+                       "runs": [r["mib"] for r in rs]}
+            guards = [r["guard_hwm_kib"] / 1024 for r in rs if r.get("guard_hwm_kib")]
+            if guards:
+                by[key]["guard_mib"] = summary(guards)
+        out["by_ranks"][str(n)] = by
+    return out
+
+
+# --------------------------------------------------------------------------- the verdicts
+
+
+def check(target_key: str, value: float | None) -> bool | None:
+    if value is None:
+        return None
+    op, limit = TARGETS[target_key]
+    return value <= limit if op == "<=" else value >= limit
+
+
+def target_text(target_key: str, unit: str = "x") -> str:
+    op, limit = TARGETS[target_key]
+    sign = "≤" if op == "<=" else "≥"
+    return f"{sign} {limit:g}{unit}"
+
+
+def verdict_rows(rep: dict) -> list[dict]:
+    """The final table, one row per figure: airhost's value, the peer's, the ratio
+    (airhost / peer), the target and whether it is met (None: not measured, or context).
+    A target applies to the ratio, or to airhost's own value where `on_value`."""
+    rows = []
+
+    def row(figure, a, p, fmt, key=None, on_value=False, shown_a=None, with_ratio=True):
+        ratio = a / p if with_ratio and a is not None and p else None
+        if key is None:
+            target, ok = "", None
+        elif on_value:
+            target, ok = target_text(key, " s") if key == "logs_cpu_per_mline" else "= 0", check(key, a)
+        else:
+            target, ok = target_text(key), check(key, ratio)
+        rows.append({"figure": figure, "airhost_value": a, "peer_value": p,
+                     "airhost": shown_a or fmt.format(a), "peer": fmt.format(p),
+                     "ratio": ratio, "target": target, "target_key": key, "ok": ok})
+
+    if "startup" in rep:
+        for n, by in rep["startup"]["by_ranks"].items():
+            cold = by["airhost_cold_tracking"]["ready"]["median"]
+            torch_ = by["torchrun"]["ready"]["median"]
+            floor = by["floor"]["ready"]["median"]
+            row(f"start-up {n} ranks: cold, tracking on / torchrun", cold, torch_, "{:.3f} s",
+                "startup_vs_torchrun")
+            row(f"start-up {n} ranks: cold, tracking on / floor", cold, floor, "{:.3f} s",
+                "startup_vs_floor")
+            if "airhost_warm" in by:
+                row(f"start-up {n} ranks: warm / torchrun", by["airhost_warm"]["ready"]["median"],
+                    torch_, "{:.3f} s", "warm_vs_torchrun")
+            else:
+                why = rep["startup"]["launchers"]["airhost_warm"]["why_not"]
+                why = "not built" if why.startswith("not built") else why.split(" ")[0]
+                row(f"start-up {n} ranks: warm / torchrun", None, torch_, "{:.3f} s",
+                    "warm_vs_torchrun", shown_a=f"n/a ({why})")
+    if "results" in rep:
+        r = rep["results"]
+        a = r["airhost"]["gbps"]["median"]
+        for key, label, target in (("memcpy", "memcpy", "results_vs_memcpy"),
+                                   ("mp_queue", "mp Queue", "results_vs_mp_queue")):
+            row(f"results {r['ranks']} x {r['mib']} MiB: GB/s / {label}", a,
+                r[key]["gbps"]["median"], "{:.2f} GB/s", target)
+    if "logs" in rep:
+        lg = rep["logs"]
+        a, t = lg["airhost"], lg["torchrun"]
+        row(f"logs {lg['ranks']} ranks: lines/s (context)", a["lines_per_s"]["median"] / 1e6,
+            t["lines_per_s"]["median"] / 1e6, "{:.2f} M/s")
+        for m in ("lost", "torn"):
+            row(f"logs: lines {m} (all repeats)", a[m], t[m], "{:d}", f"logs_{m}", True,
+                with_ratio=False)
+        row("logs: host CPU s per M lines", a["cpu_per_mline"]["median"],
+            t["cpu_per_mline"]["median"], "{:.3f} s", "logs_cpu_per_mline", True)
+    if "steady" in rep:
+        s = rep["steady"]
+        row(f"steady {s['ranks']} ranks: DDP steps/s", s["airhost"]["steps_per_s"]["median"],
+            s["torchrun"]["steps_per_s"]["median"], "{:.1f}/s", "steady_steps")
+    if "footprint" in rep:
+        for n, by in rep["footprint"]["by_ranks"].items():
+            row(f"footprint {n} ranks: supervisor peak RSS", by["airhost"]["mib"]["median"],
+                by["torchrun"]["mib"]["median"], "{:.1f} MiB", "footprint")
+    return rows
+
+
+# --------------------------------------------------------------------------- output
+
+
+def s3(x: dict, key="median") -> str:
+    return f"{x[key]:7.3f}"
+
+
+def print_report(rep: dict) -> None:
+    m, cfg = rep["machine"], rep["config"]
+    limit = f", cgroup limit {m['cgroup_cpu_limit']:g} CPUs" if m["cgroup_cpu_limit"] else ""
+    print(f"airhost benchmark: sections {', '.join(cfg['sections'])}; launchers alternated, "
+          f"+{cfg['warmup']} uncounted warm-up each; medians [min max]")
+    print(f"machine: nproc {m['nproc']} ({m['cpus_usable']} usable{limit}), {m['cpu_model']}, "
+          f"Linux {m['kernel']}")
+    print(f"         Python {m['python']}, torch {m['torch']}, {m['airhost']}; "
+          f"load avg {m['loadavg_start']:.2f} -> {m['loadavg_end']:.2f}")
+    print(f"         other processes kept {m['other_cpus']:.2f} CPUs busy on average while it ran")
+    if not m["other_cpus"] <= 0.1 * m["cpus_usable"]:
+        print(f"WARNING: other work used {m['other_cpus']:.2f} of the {m['cpus_usable']} CPUs "
+              f"during the benchmark: the figures are noisy; rerun on a quiet machine")
+
+    if "startup" in rep:
+        st = rep["startup"]
+        labels = {k: v["label"] for k, v in st["launchers"].items()}
+        W = max(len(v) for v in labels.values())
+        print("\n1. Start-up: launch -> the last rank's line after `import torch` (seconds)")
+        for n, by in st["by_ranks"].items():
+            t = by["torchrun"]["ready"]["median"]
+            f = by["floor"]["ready"]["median"]
+            print(f"   {n} ranks  {'':{W - 9}} {'median':>7} {'min':>7} {'max':>7}  "
+                  f"{'/torchrun':>9} {'/floor':>7} | {'exit':>7}")
+            for key, label in labels.items():
+                if key not in by:
+                    why = st["launchers"][key]["why_not"].split(":")[0]
+                    print(f"   {label:{W}} n/a ({why})")
+                    continue
+                r = by[key]["ready"]
+                print(f"   {label:{W}} {s3(r)} {s3(r, 'min')} {s3(r, 'max')}  "
+                      f"{r['median'] / t:9.3f} {r['median'] / f:7.3f} | {s3(by[key]['exit'])}")
+        if "warm_server_start_s" in st:
+            ws = st["warm_server_start_s"]
+            print(f"   (warm server: `warm start` to `warm status` saying it is up: median "
+                  f"{ws['median']:.2f} s, before each warm turn; not in the figures)")
+        print(f"   targets: cold with tracking on {target_text('startup_vs_torchrun')} torchrun "
+              f"and {target_text('startup_vs_floor')} the floor; warm "
+              f"{target_text('warm_vs_torchrun')} torchrun. exit: launch -> launcher exit")
+
+    if "results" in rep:
+        r = rep["results"]
+        print(f"\n2. Results: {r['ranks']} ranks x {r['mib']} MiB; last result ready -> caller "
+              f"holds all (GB/s)")
+        for key, label in (("airhost", "airhost @distributed"), ("mp_queue", "torch.mp Queue"),
+                           ("memcpy", "memcpy, one copy")):
+            g = r[key]["gbps"]
+            call = f" | whole call {r[key]['call']['median']:.2f} s" if "call" in r[key] else ""
+            print(f"   {label:22} {g['median']:7.2f} [{g['min']:.2f} {g['max']:.2f}] GB/s  "
+                  f"window {r[key]['window']['median']:.3f} s{call}")
+        a = r["airhost"]["gbps"]["median"]
+        print(f"   airhost / memcpy {a / r['memcpy']['gbps']['median']:.3f} (target "
+              f"{target_text('results_vs_memcpy')}), airhost / mp Queue "
+              f"{a / r['mp_queue']['gbps']['median']:.3f} (target "
+              f"{target_text('results_vs_mp_queue')})")
+
+    if "logs" in rep:
+        lg = rep["logs"]
+        print(f"\n3. Logs: {lg['ranks']} ranks writing numbered lines for {lg['seconds']:g} s, "
+              f"the launcher's stdout read through a pipe")
+        print(f"   {'':18} {'lines/s':>10} {'written/s':>10} {'lost':>6} {'torn':>6} {'dup':>5} "
+              f"{'order':>6} {'CPU s':>7} {'output':>7} {'s/M lines':>9}")
+        for key, label in (("airhost", "airhost"), ("torchrun", "torchrun --tee 3")):
+            x = lg[key]
+            print(f"   {label:18} {x['lines_per_s']['median']:10.0f} "
+                  f"{x['written_per_s']['median']:10.0f} {x['lost']:6d} {x['torn']:6d} "
+                  f"{x['duplicated']:5d} {x['out_of_order']:6d} {x['host_cpu']['median']:7.2f} "
+                  f"{x['host_cpu_output']['median']:7.2f} {x['cpu_per_mline']['median']:9.3f}")
+        print("   (lost, torn, dup, order: totals over the repeats. CPU s: the launcher process "
+              "itself, ranks excluded;\n    output: of that, from its first line out to its "
+              "exit, which s/M lines divides by the lines delivered)")
+        for key in ("airhost", "torchrun"):
+            shown = [e for r in lg[key]["runs"] for e in r["torn_examples"]][:3]
+            if shown:
+                print(f"   torn lines of {key}, e.g.: " + "; ".join(shown))
+
+    if "steady" in rep:
+        s = rep["steady"]
+        print(f"\n4. Steady state: {s['ranks']}-rank gloo DDP MLP, {s['steps']} steps (steps/s "
+              f"of the slowest rank)")
+        for key in ("airhost", "torchrun"):
+            x = s[key]["steps_per_s"]
+            print(f"   {key:10} {x['median']:8.1f} [{x['min']:.1f} {x['max']:.1f}]")
+
+    if "footprint" in rep:
+        fp = rep["footprint"]
+        print(f"\n5. Footprint: peak RSS of the supervising process, ranks sleeping "
+              f"{fp['sleep_s']:g} s (MiB)")
+        for n, by in fp["by_ranks"].items():
+            a, t = by["airhost"], by["torchrun"]
+            guard = f" (+ guard {a['guard_mib']['median']:.1f})" if "guard_mib" in a else ""
+            print(f"   {n:>3} ranks: airhost host {a['mib']['median']:7.1f}{guard}   "
+                  f"torchrun agent {t['mib']['median']:7.1f}")
+
+    if rep["lingered"]:
+        print("\nProcesses alive after their launcher exited, gone within 5 s (runs, longest):")
+        groups: dict = {}
+        for x in rep["lingered"]:
+            launcher = re.sub(r"-(warmup|rep)\d+(-primer)?$", "", x["run"])
+            what = x["command"].split(" -c ")[-1][:50] if " -c " in x["command"] else x["command"][:50]
+            g = groups.setdefault((launcher, what), [0, 0])
+            g[0] += 1
+            g[1] = max(g[1], x["ms"])
+        for (launcher, what), (count, ms) in groups.items():
+            print(f"   {launcher}: {what!r}: {count} time(s), up to {ms} ms")
+
+    print("\nSummary (ratios are airhost / peer, of medians)")
+    rows = rep["verdicts"]
+    W = max(len(r["figure"]) for r in rows)
+    print(f"   {'figure':{W}} {'airhost':>16} {'peer':>12} {'ratio':>7}  {'target':>9}")
+    for r in rows:
+        ratio = "" if r["ratio"] is None else f"{r['ratio']:7.3f}"
+        mark = {True: "✓", False: "✗", None: "-" if r["target"] else ""}[r["ok"]]
+        print(f"   {r['figure']:{W}} {r['airhost']:>16} {r['peer']:>12} {ratio:>7}  "
+              f"{r['target']:>9} {mark}")
+
+
+# --------------------------------------------------------------------------- main
 
 
 def machine_info(python: str, airhost: str) -> dict:
@@ -300,30 +1005,25 @@ def machine_info(python: str, airhost: str) -> dict:
             return "?"
 
     cpu_model = "?"
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu_model = line.split(":", 1)[1].strip()
                 break
-    except OSError:
-        pass
     cpu_max = None
-    try:
+    with contextlib.suppress(OSError, ValueError):
         quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
         if quota != "max":
             cpu_max = int(quota) / int(period)
-    except (OSError, ValueError):
-        pass
     versions = out([python, "-c", "import platform, importlib.metadata as m; "
-                    "print(platform.python_version(), m.version('torch'))"]).split()
+                    "print(platform.python_version(), m.version('torch'), m.version('accelerate'))"]
+                   ).split()
     return {
-        "nproc": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)),
-        "cgroup_cpu_limit": cpu_max,
-        "cpu_model": cpu_model,
-        "kernel": platform.release(),
-        "python": versions[0] if len(versions) == 2 else "?",
-        "torch": versions[1] if len(versions) == 2 else "?",
+        "nproc": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
+        "cgroup_cpu_limit": cpu_max, "cpu_model": cpu_model, "kernel": platform.release(),
+        "python": versions[0] if len(versions) == 3 else "?",
+        "torch": versions[1] if len(versions) == 3 else "?",
+        "accelerate": versions[2] if len(versions) == 3 else "?",
         "airhost": out([airhost, "--version"]) or "?",
         "loadavg_start": os.getloadavg()[0],
     }
@@ -341,104 +1041,15 @@ class CpuMeter:
     def _sample():
         try:
             fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-            # user + nice + system: interrupt time is left out, since the ranks' own
-            # loopback traffic lands there and is charged to no process.
-            busy = sum(fields[:3]) / os.sysconf("SC_CLK_TCK")
+            busy = sum(fields[:3]) / os.sysconf("SC_CLK_TCK")  # user + nice + system
         except (OSError, ValueError, IndexError):
             busy = float("nan")
-        ours = sum(os.times()[:4])  # user + system, self + reaped children
-        return time.monotonic(), busy, ours
+        return time.monotonic(), busy, sum(os.times()[:4])
 
     def other_cpus(self) -> float:
-        """Average number of CPUs other processes kept busy since the start."""
         t0, busy0, ours0 = self.start
         t1, busy1, ours1 = self._sample()
         return max(0.0, (busy1 - busy0) - (ours1 - ours0)) / max(t1 - t0, 1e-9)
-
-
-# --------------------------------------------------------------------------- output
-
-
-def fmt(x: float) -> str:
-    return f"{x:7.3f}"
-
-
-def verdict(ratio: float, target: float) -> str:
-    return "PASS" if ratio <= target else "MISS"
-
-
-def print_report(rep: dict) -> None:
-    m, cfg = rep["machine"], rep["config"]
-    limit = f", cgroup limit {m['cgroup_cpu_limit']:g} CPUs" if m["cgroup_cpu_limit"] else ""
-    print(f"airhost launch benchmark: {cfg['ranks']} ranks, {cfg['repeats']} repeats "
-          f"(+{cfg['warmup']} warm-up), launchers alternated, OMP_NUM_THREADS=1")
-    print(f"machine: nproc {m['nproc']} ({m['cpus_usable']} usable{limit}), {m['cpu_model']}, "
-          f"Linux {m['kernel']}")
-    print(f"         Python {m['python']}, torch {m['torch']}, {m['airhost']}; "
-          f"load avg {m['loadavg_start']:.2f} -> {m['loadavg_end']:.2f}")
-    print(f"         other processes kept {m['other_cpus']:.2f} CPUs busy on average while it ran")
-    if not m["other_cpus"] <= 0.1 * m["cpus_usable"]:
-        print(f"WARNING: other work used {m['other_cpus']:.2f} of the {m['cpus_usable']} CPUs "
-              f"during the benchmark: the figures are noisy; rerun on a quiet machine")
-    print()
-
-    su = rep["startup"]
-    n = cfg["ranks"]
-    labels = {"python": "python S (1 process, floor)",
-              "airhost": f"airhost S --accelerators {n}",
-              "torchrun": f"torchrun --standalone --nproc-per-node {n} S"}
-    W = max(len(v) for v in labels.values())
-    print("1. Start-up: launch -> every rank has run its first line of user code (seconds)")
-    print(f"   {'':{W}} {'median':>7} {'min':>7} {'max':>7} | {'+torch':>7} {'exit':>7}")
-    for key in ("python", "airhost", "torchrun"):
-        s = su[key]
-        fl = s["first_line"]
-        print(f"   {labels[key]:{W}} {fmt(fl['median'])} {fmt(fl['min'])} {fmt(fl['max'])} | "
-              f"{fmt(s['torch_imported']['median'])} {fmt(s['launch_to_exit']['median'])}")
-    r = rep["ratios"]["startup"]
-    print(f"   ratio airhost/torchrun (medians): {r['value']:.3f}   target <= {r['target']}   "
-          f"{r['verdict']}")
-    print(f"   (+torch: median launch -> every rank has imported torch; exit: median launch -> "
-          f"launcher exit)")
-    print()
-
-    st = rep["steady"]
-    print(f"2. Steady state: {n}-rank gloo DDP MLP, {cfg['steps']} steps; launch -> launcher exit "
-          f"(seconds)")
-    print(f"   {'':{W}} {'median':>7} {'min':>7} {'max':>7} | {'1st line':>8} {'pg ready':>8} "
-          f"{'train':>7} {'pg done':>7}")
-    for key in ("airhost", "torchrun"):
-        s = st[key]
-        w = s["launch_to_exit"]
-        print(f"   {labels[key]:{W}} {fmt(w['median'])} {fmt(w['min'])} {fmt(w['max'])} | "
-              f"{s['first_line']['median']:8.3f} {s['pg_ready']['median']:8.3f} "
-              f"{fmt(s['train_loop']['median'])} {fmt(s['pg_destroyed']['median'])}")
-    r = rep["ratios"]["steady"]
-    print(f"   ratio airhost/torchrun (medians): {r['value']:.3f}   target <= {r['target']}   "
-          f"{r['verdict']}")
-    rt = rep["ratios"]["steady_train_loop"]
-    print(f"   (context) train loop alone, airhost/torchrun: {rt['value']:.3f}")
-    print(f"   (1st line, pg ready, pg done: medians, launch -> last rank has run its first line,"
-          f" has its process")
-    print(f"   group, has destroyed it; train: median of the slowest rank's {cfg['steps']}-step "
-          f"loop)")
-    print()
-
-    print("Per run, launch -> exit (seconds), in run order:")
-    for bench, title in (("startup", "start-up"), ("steady", "steady")):
-        for key in ("python", "airhost", "torchrun"):
-            if key not in rep[bench]:
-                continue
-            runs = rep[bench][key]["runs"]
-            vals = " ".join(f"{x['launch_to_exit']:.3f}" for x in runs)
-            print(f"   {title:9} {key:9} {vals}")
-    print("Per run, start-up launch -> last rank's first line (seconds), in run order:")
-    for key in ("python", "airhost", "torchrun"):
-        vals = " ".join(f"{x['first_line']:.3f}" for x in su[key]["runs"])
-        print(f"   {'':9} {key:9} {vals}")
-
-
-# --------------------------------------------------------------------------- main
 
 
 def find_tool(name: str, given: str | None) -> str:
@@ -454,88 +1065,87 @@ def find_tool(name: str, given: str | None) -> str:
     return found
 
 
-def main() -> int:
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got {text!r}")
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def section_list(text: str) -> list[str]:
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [x for x in names if x not in SECTIONS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown section(s) {bad}; choose from {', '.join(SECTIONS)}")
+    return names
+
+
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ranks", type=int, default=4, help="ranks per run (default: 4)")
-    ap.add_argument("--repeats", type=int, default=5, help="measured runs of each (default: 5)")
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Sections: " + ", ".join(SECTIONS))
+    ap.add_argument("--only", type=section_list, help="run only these sections (comma list)")
+    ap.add_argument("--skip", type=section_list, default=[], help="skip these sections")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")
+    ap.add_argument("--json-file", metavar="PATH", help="also write that JSON object to PATH")
+    ap.add_argument("--repeats", type=int, default=0,
+                    help="measured rounds per section (default: 5; logs and footprint 3)")
     ap.add_argument("--warmup", type=int, default=1,
-                    help="uncounted runs of each command first (default: 1)")
-    ap.add_argument("--steps", type=int, default=200, help="DDP training steps (default: 200)")
+                    help="uncounted runs of each launcher first (default: 1)")
+    ap.add_argument("--startup-ranks", type=int_list, default=[2, 4], help="default: 2,4")
+    ap.add_argument("--result-ranks", type=int, default=4, help="default: 4")
+    ap.add_argument("--result-mib", type=int, default=256, help="MiB per rank (default: 256)")
+    ap.add_argument("--log-ranks", type=int, default=4, help="default: 4")
+    ap.add_argument("--log-seconds", type=float, default=5.0, help="default: 5")
+    ap.add_argument("--steady-ranks", type=int, default=4, help="default: 4")
+    ap.add_argument("--steps", type=int, default=600, help="DDP steps (default: 600)")
+    ap.add_argument("--footprint-ranks", type=int_list, default=[1, 4, 16], help="default: 1,4,16")
+    ap.add_argument("--sleep", type=float, default=2.0,
+                    help="seconds the footprint ranks sleep (default: 2)")
+    ap.add_argument("--warm", choices=("auto", "yes", "no"), default="auto",
+                    help="measure airhost warm: auto (when `airhost warm status` does not exit "
+                         "2, i.e. the command exists), yes, or no (default: auto)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per run (default: 600)")
     ap.add_argument("--airhost", help="airhost executable (default: next to this python)")
     ap.add_argument("--torchrun", help="torchrun executable (default: next to this python)")
-    ap.add_argument("--python", help="python for the floor (default: next to this python)")
-    ap.add_argument("--keep", action="store_true", help="keep the temporary directories")
-    args = ap.parse_args()
-    if args.ranks < 1 or args.repeats < 1 or args.warmup < 0 or args.steps < 1:
-        ap.error("--ranks, --repeats and --steps must be >= 1, --warmup >= 0")
+    ap.add_argument("--accelerate", help="accelerate executable (default: next to this python)")
+    ap.add_argument("--python", help="python of the floor, mp.spawn and the results callers "
+                                     "(default: this one)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary run directories")
+    args = ap.parse_args(argv)
+    if args.repeats < 0 or args.warmup < 0 or args.steps < 1 or args.result_mib < 1:
+        ap.error("--repeats and --warmup must be >= 0, --steps and --result-mib >= 1")
+    args.sections = [s for s in (args.only or SECTIONS) if s not in args.skip]
+    if not args.sections:
+        ap.error("no section left to run")
+    args.airhost = find_tool("airhost", args.airhost)
+    args.torchrun = find_tool("torchrun", args.torchrun)
+    args.accelerate = find_tool("accelerate", args.accelerate)
+    args.python = args.python or sys.executable
+    return args
 
-    airhost = find_tool("airhost", args.airhost)
-    torchrun = find_tool("torchrun", args.torchrun)
-    python = args.python or str(Path(sys.executable).parent / "python")
-    if not Path(python).exists():
-        python = sys.executable
 
+def main(argv=None) -> int:
+    args = parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="airhost-bench-"))
-    (root / "startup_script.py").write_text(STARTUP_SCRIPT)
-    (root / "ddp_script.py").write_text(DDP_SCRIPT)
-    n = str(args.ranks)
-    counter = [0]
-
-    def commands(script: str) -> dict:
-        path = str(root / script)
-        return {
-            "python": lambda d: [python, path],
-            "airhost": lambda d: [airhost, path, "--accelerators", n, "--run-dir",
-                                  str(d / "airhost-run")],
-            "torchrun": lambda d: [torchrun, "--standalone", "--nproc-per-node", n, path],
-        }
-
-    def one(bench: str, key: str, cmd, tag: str) -> dict:
-        counter[0] += 1
-        run_dir = root / f"{counter[0]:03d}-{bench}-{key}-{tag}"
-        nranks = 1 if key == "python" else args.ranks
-        return run_once(key, cmd(run_dir), run_dir, root, nranks, args.timeout,
-                        {STEPS_ENV: str(args.steps)})
-
-    def series(bench: str, script: str, keys: list[str]) -> dict:
-        cmds = commands(script)
-        runs: dict = {k: [] for k in keys}
-        for w in range(args.warmup):
-            for k in keys:
-                one(bench, k, cmds[k], f"warmup{w}")
-        for i in range(args.repeats):
-            pair = ["airhost", "torchrun"] if i % 2 == 0 else ["torchrun", "airhost"]
-            order = pair + [k for k in keys if k not in pair]
-            line = []
-            for k in order:
-                res = one(bench, k, cmds[k], f"rep{i}")
-                runs[k].append(res)
-                shown = res["first_line"] if bench == "startup" else res["launch_to_exit"]
-                line.append(f"{k} {shown:.3f}s")
-            log(f"  {bench} {i + 1}/{args.repeats}: " + ", ".join(line))
-        out = {}
-        for k in keys:
-            rs = runs[k]
-            out[k] = {"runs": rs}
-            for metric in ("first_line", "torch_imported", "pg_ready", "train_start",
-                           "train_loop", "pg_destroyed", "launch_to_exit"):
-                if all(metric in r for r in rs):
-                    out[k][metric] = summary([r[metric] for r in rs])
-        return out
-
+    b = Bench(args, root)
+    benches = {"startup": bench_startup, "results": bench_results, "logs": bench_logs,
+               "steady": bench_steady, "footprint": bench_footprint}
+    report: dict = {"config": {k: v for k, v in vars(args).items()}}
     ok = False
     meter = CpuMeter()
     try:
-        machine = machine_info(python, airhost)
-        log(f"launch benchmark: {args.ranks} ranks, {args.repeats} repeats, temp dir {root}")
-        log(f"  airhost {airhost}\n  torchrun {torchrun}\n  python {python}")
-        startup = series("startup", "startup_script.py", ["airhost", "torchrun", "python"])
-        steady = series("steady", "ddp_script.py", ["airhost", "torchrun"])
-        machine["loadavg_end"] = os.getloadavg()[0]
-        machine["other_cpus"] = meter.other_cpus()
+        report["machine"] = machine_info(args.python, args.airhost)
+        log(f"airhost benchmark: {', '.join(args.sections)}; temp dir {root}")
+        for name in args.sections:
+            t0 = time.monotonic()
+            report[name] = benches[name](b)
+            log(f"  ({name}: {time.monotonic() - t0:.0f} s)")
+        report["machine"]["loadavg_end"] = os.getloadavg()[0]
+        report["machine"]["other_cpus"] = meter.other_cpus()
         ok = True
     except BenchError as e:
         log(f"launch.py: {e}")
@@ -547,29 +1157,10 @@ def main() -> int:
     finally:
         if ok and not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-
-    def ratio(bench, metric, target=None):
-        a = bench["airhost"][metric]["median"]
-        t = bench["torchrun"][metric]["median"]
-        value = a / t
-        r = {"value": value, "airhost_median": a, "torchrun_median": t}
-        if target is not None:
-            r.update(target=target, verdict=verdict(value, target))
-        return r
-
-    report = {
-        "machine": machine,
-        "config": {"ranks": args.ranks, "repeats": args.repeats, "warmup": args.warmup,
-                   "steps": args.steps, "airhost": airhost, "torchrun": torchrun,
-                   "python": python, "omp_num_threads": 1},
-        "startup": startup,
-        "steady": steady,
-        "ratios": {
-            "startup": ratio(startup, "first_line", STARTUP_TARGET),
-            "steady": ratio(steady, "launch_to_exit", STEADY_TARGET),
-            "steady_train_loop": ratio(steady, "train_loop"),
-        },
-    }
+    report["verdicts"] = verdict_rows(report)
+    report["lingered"] = b.lingered
+    if args.json_file:
+        Path(args.json_file).write_text(json.dumps(report, indent=2) + "\n")
     if args.json:
         print(json.dumps(report, indent=2))
     else:
