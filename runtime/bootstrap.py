@@ -274,6 +274,17 @@ def _load_pickled(path):
     return fn, args, kwargs
 
 
+def exit_status(e):
+    """The process exit code for SystemExit `e`, as the python command turns it into one:
+    None is 0, an int is itself, anything else is printed to stderr and is 1."""
+    if e.code is None:
+        return 0
+    if isinstance(e.code, int):
+        return e.code
+    print(e.code, file=sys.stderr)
+    return 1
+
+
 def run_function(kind, target, function, result_format="pickle"):
     """Entry point for `train.py:main`, `-m mod:main` and the Python API. Returns the exit code."""
     try:
@@ -287,13 +298,7 @@ def run_function(kind, target, function, result_format="pickle"):
         _send_result(fn(*args, **kwargs), result_format)
         return 0
     except SystemExit as e:
-        code = e.code
-        if code is None:
-            return 0
-        if isinstance(code, int):
-            return code
-        print(code, file=sys.stderr)
-        return 1
+        return exit_status(e)
     except BaseException:
         exc_type, exc, tb = sys.exc_info()
         # Drop our frames and importlib's from what the user sees: the traceback starts in

@@ -544,13 +544,7 @@ def run_child(job):
             runpy._run_module_as_main(target, True)
         return 0
     except SystemExit as e:
-        code = e.code
-        if code is None:
-            return 0
-        if isinstance(code, int):
-            return code
-        print(code, file=sys.stderr)
-        return 1
+        return bootstrap.exit_status(e)
     except BaseException as e:
         tb = _strip_own_frames(e.__traceback__)
         e.__traceback__ = tb
