@@ -63,6 +63,10 @@ struct LaunchSpec {
   std::string rank_binary;                // the rank executable; empty = found next to airhost
   std::string working_dir;                // ranks' cwd; empty = the caller's
   OutputOptions output;
+  bool keep_result_descriptors = false;  // results over 64 KiB stay in RankReport::result_blob
+                                          // (shared memory, never copied by the host) instead of
+                                          // being read into RankReport::result; the Python API
+                                          // and the CLI set it
   bool handle_signals = false;            // tear down on SIGINT/SIGTERM/SIGHUP to this process and
                                           // forward them to the ranks (the CLI does; an embedding
                                           // program usually calls Launcher::cancel() instead)
