@@ -214,6 +214,9 @@ _ALIGN = 64
 class ResultStorageError(RuntimeError):
     """The result fits neither in shared memory nor in the run directory."""
 
+    def __reduce__(self):  # this module is not importable in the caller: arrive as RuntimeError
+        return RuntimeError, self.args
+
 
 def _memory_available():
     """Bytes that memory can still take: MemAvailable, or what this cgroup allows if less."""

@@ -73,6 +73,7 @@ def test_a_result_neither_shared_memory_nor_the_disk_can_take_fails_the_run_clea
     assert out["failed_ranks"] == [1]
     assert "ResultStorageError: rank 1 cannot store its result in" in out["message"], out["message"]
     assert "File too large" in out["message"] and "free space there" in out["message"]
+    assert out["cause_type"] == "RuntimeError"  # the rank's exception, rebuilt here
     assert out["left_in_run_dirs"] == [] and out["fds"] == []
 
 

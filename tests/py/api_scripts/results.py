@@ -18,7 +18,9 @@ MIB = 1 << 20
 
 
 def shm_entries():
-    return sorted(os.listdir("/dev/shm"))
+    """Entries of /dev/shm that airhost could have made (others' come and go on a shared machine:
+    torch.multiprocessing's torch_PID_* of other tests, say)."""
+    return sorted(name for name in os.listdir("/dev/shm") if "airhost" in name)
 
 
 def result_fds():
