@@ -1,7 +1,8 @@
 // frames.hpp — the control channel codec between a rank and its host.
 //
 // The channel is a socketpair inherited by the rank as a file descriptor (never a network
-// port). Each frame is a 16-byte header followed by `length` payload bytes:
+// port); being a Unix socket, it also carries descriptors (FrameKind::result_fd). Each frame
+// is a 16-byte header followed by `length` payload bytes:
 //
 //   offset 0  u32 magic  "AHF1" (0x31464841 little-endian): catches a stray writer early
 //   offset 4  u16 kind   FrameKind below; a reader skips kinds it does not know, so new
@@ -28,6 +29,11 @@ enum class FrameKind : std::uint16_t {
   hello = 1,   // reserved: rank → host "the interpreter is up"; no rank sends it yet
   result = 2,  // rank → host: pickled return value of the rank's function
   error = 3,   // rank → host: fields type, message, traceback, pickled, time
+  // rank → host: the return value in a descriptor (airhost::ResultBlob), passed with
+  // SCM_RIGHTS by the same sendmsg as the frame's first byte; fields size (decimal bytes)
+  // and where ("shm" or "file"). It is the only kind that carries a descriptor, so the host
+  // matches descriptors to these frames in order. Results of up to 64 KiB come as `result`.
+  result_fd = 4,
 };
 
 constexpr std::uint32_t kFrameMagic = 0x31464841u;  // "AHF1"

@@ -1,5 +1,6 @@
 #include "airhost/launcher.hpp"
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -41,6 +42,22 @@ std::string find_rank_binary(const LaunchSpec& spec) {
   const std::string beside = detail::dirname_of(detail::executable_path()) + "/airhost-rank";
   if (is_executable(beside)) return beside;
   return std::string(AIRHOST_INSTALL_BINDIR) + "/airhost-rank";
+}
+
+// A result too large for shared memory is written to an unnamed file in results/ (O_TMPFILE).
+// Where the filesystem has no O_TMPFILE, the rank names the file `.rank-N-PID.partial` for the
+// moment between creating and unlinking it; a rank killed just then leaves one, removed here.
+// results/ itself goes too when nothing else is in it (the CLI writes its rank-N.pkl after).
+void sweep_results_dir(const std::string& run_dir) {
+  const std::string dir = run_dir + "/results";
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.starts_with(".rank-") && name.ends_with(".partial")) ::unlink((dir + "/" + name).c_str());
+    }
+    ::closedir(d);
+    ::rmdir(dir.c_str());  // fails, as it should, when results are kept there
+  }
 }
 
 }  // namespace
@@ -278,6 +295,20 @@ RunReport Launcher::run() {
     const std::string mark = "----- airhost: restart " + std::to_string(event.restart) + " of " +
                              std::to_string(event.max_restarts) + " -----\n";
     for (const auto& r : report.ranks) detail::append_file(r.stderr_log, mark);
+  }
+  sweep_results_dir(spec.run_dir);
+  // Results over 64 KiB came as descriptors (ResultBlob). Unless the caller reads them from
+  // there itself, they become bytes in RankReport::result, as every result was before.
+  if (!spec.keep_result_descriptors) {
+    for (auto& r : report.ranks) {
+      if (!r.result_blob) continue;
+      try {
+        r.result = r.result_blob->to_string();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "airhost: cannot read the result of rank %d: %s\n", r.rank, e.what());
+      }
+      r.result_blob.reset();
+    }
   }
   report.restarts = attempt;
   report.warm = warm;

@@ -53,18 +53,23 @@ LaunchSpec make_spec(const HostOptions& opts) {
   if (s.warm.value_or(getenv_or("AIRHOST_WARM", "1") != "0")) spec.warm_socket = default_warm_socket();
   spec.warm_preload = s.preload.value_or("");
   spec.handle_signals = true;
+  spec.keep_result_descriptors = true;  // save_results streams them to results/ from shared memory
   return spec;
 }
 
-// Function entries return values; the CLI keeps them as files next to run.json.
+// Function entries return values; the CLI keeps them as files next to run.json, each a
+// plain pickle (or JSON text) that pickle.load reads, whichever way it came from the rank.
 void save_results(const RunReport& report) {
   bool any = false;
-  for (const auto& r : report.ranks) any |= r.result.has_value();
+  for (const auto& r : report.ranks) any |= r.result.has_value() || r.result_blob != nullptr;
   if (!any) return;
   std::string dir = report.run_dir + "/results";
   make_dirs(dir);
-  for (const auto& r : report.ranks)
-    if (r.result) write_file_atomic(dir + "/rank-" + std::to_string(r.rank) + ".pkl", *r.result);
+  for (const auto& r : report.ranks) {
+    const std::string path = dir + "/rank-" + std::to_string(r.rank) + ".pkl";
+    if (r.result) write_file_atomic(path, *r.result);
+    else if (r.result_blob) write_file_atomic(path, [&](int fd) { r.result_blob->write_to(fd); });
+  }
 }
 
 int doctor(const HostOptions& opts);

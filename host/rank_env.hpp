@@ -53,6 +53,13 @@ struct RunContext {
 //        CUDA_VISIBLE_DEVICES     the run's GPUs, only when spec.devices is not empty, with
 //        CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers them as NVML does
 //   4. spec.env — the user's explicit extra variables, last, so they can override anything.
+//
+// Variables airhost never sets but a rank reads, for the user to set (step 1 or 4):
+//        AIRHOST_RESULT_SHM_LIMIT  bytes of shared memory a function rank's result may take
+//                                 before it goes to an unnamed file in the run dir's results/
+//                                 (default: half the memory available, shared among the ranks)
+//        AIRHOST_RANK_FINALIZE=1  a function rank runs the full Py_FinalizeEx after returning,
+//                                 instead of atexit, thread joins and flushes, then _exit
 std::vector<std::string> build_rank_env(const LaunchSpec& spec, int local_rank, const RunContext& ctx,
                                         const std::vector<std::string>& base);
 

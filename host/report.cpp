@@ -100,7 +100,7 @@ std::string run_json(const RunReport& report, const LaunchSpec& spec) {
       << ", \"pid\": " << r.pid << ", \"state\": " << q(to_string(r.state)) << ", \"exit_code\": "
       << r.exit_code << ", \"signal\": " << r.term_signal << ", \"signal_name\": "
       << (r.term_signal ? q(signal_name(r.term_signal)) : "null") << ", \"has_result\": "
-      << (r.result ? "true" : "false") << ", \"started_at\": " << number(r.started_at)
+      << (r.result || r.result_blob ? "true" : "false") << ", \"started_at\": " << number(r.started_at)
       << ", \"ended_at\": " << number(r.ended_at) << ", \"stdout_log\": " << q(r.stdout_log)
       << ", \"stderr_log\": " << q(r.stderr_log) << ", \"error\": ";
     if (r.error) {

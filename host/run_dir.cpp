@@ -70,6 +70,24 @@ void write_file_atomic(const std::string& path, const std::string& data) {
     throw std::system_error(errno, std::generic_category(), "cannot write " + path);
 }
 
+void write_file_atomic(const std::string& path, const std::function<void(int fd)>& write) {
+  std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot write " + path);
+  try {
+    write(fd);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (::close(fd) < 0 || ::rename(tmp.c_str(), path.c_str()) < 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw std::system_error(err, std::generic_category(), "cannot write " + path);
+  }
+}
+
 bool append_file(const std::string& path, const std::string& data) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd < 0) return false;

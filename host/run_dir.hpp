@@ -1,6 +1,7 @@
 // run_dir.hpp — the run directory: logs, payload, results, run.json. Mode 0700.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace airhost::detail {
@@ -17,6 +18,8 @@ void make_dirs(const std::string& path);
 
 // Writes `data` to `path` (0600) via a temporary file and rename, so readers never see half.
 void write_file_atomic(const std::string& path, const std::string& data);
+// The same, with `write` filling the temporary file (it throws to give up: nothing is left).
+void write_file_atomic(const std::string& path, const std::function<void(int fd)>& write);
 
 // Appends `data` to `path` (created 0600). Best effort: returns false when it cannot.
 bool append_file(const std::string& path, const std::string& data);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <mutex>
 #include <system_error>
@@ -20,6 +21,10 @@
 
 namespace airhost::detail {
 namespace {
+
+// Descriptors one recvmsg can bring. A rank sends one per result_fd frame, and Linux stops a
+// read after the message that carries descriptors, so one is all a read ever brings.
+constexpr std::size_t kMaxPassedFds = 8;
 
 // How long pipes may stay open after their rank exited: a grandchild (a DataLoader worker,
 // say) can hold them. Its process group is killed at exit, so this is only a safety net.
@@ -43,11 +48,17 @@ bool is_lost_peer_error(const ErrorRecord& e) {
 struct Supervisor::Impl {
   struct Rank;
 
-  // One pipe from a rank: stdout, stderr or the control channel.
+  // One pipe from a rank: stdout, stderr or the control channel. Output pipes are read by
+  // libuv (uv_pipe_t); the control channel is read here with recvmsg, watched by a uv_poll_t,
+  // because it carries descriptors (FrameKind::result_fd): libuv would hand them over only
+  // as handles to accept, and they must be CLOEXEC the moment they arrive, or a rank spawned
+  // meanwhile would inherit another rank's result.
   struct Channel {
     Rank* rank = nullptr;
     int which = 0;  // 1 stdout, 2 stderr, 3 control
     uv_pipe_t pipe{};
+    uv_poll_t poll{};  // control channel only
+    int fd = -1;       // control channel only: ours to close
     bool open = false;
   };
 
@@ -57,10 +68,18 @@ struct Supervisor::Impl {
     Channel out, err, ctl;
     std::unique_ptr<RankStream> out_stream, err_stream;
     FrameDecoder frames;
+    std::deque<int> passed_fds;  // received on the control channel, not yet matched to a frame
     bool exited = false;
     bool signalled = false;  // airhost sent it a teardown signal
     uv_timer_t drain{};
     bool drain_started = false;
+
+    Rank() = default;
+    Rank(const Rank&) = delete;
+    Rank& operator=(const Rank&) = delete;
+    ~Rank() {
+      for (int fd : passed_fds) ::close(fd);
+    }
   };
 
   Plan plan;
@@ -104,11 +123,35 @@ struct Supervisor::Impl {
     write_all(stream == Stream::out ? STDOUT_FILENO : STDERR_FILENO, line_buffer);
   }
 
+  // airhost's own word about a rank, in its stderr log and output.
+  void note(Rank& r, const std::string& text) { r.err_stream->feed("airhost: " + text + "\n"); }
+
   void on_frame(Rank& r, Frame&& f) {
     switch (static_cast<FrameKind>(f.kind)) {
       case FrameKind::result:
         r.report.result = std::move(f.payload);
+        r.report.result_blob.reset();
         break;
+      case FrameKind::result_fd: {
+        if (r.passed_fds.empty()) {
+          note(r, "the rank announced a result in a descriptor but sent none; no result");
+          break;
+        }
+        const int fd = r.passed_fds.front();
+        r.passed_fds.pop_front();
+        try {
+          auto fields = decode_fields(f.payload);
+          const std::uint64_t size = std::strtoull(fields["size"].c_str(), nullptr, 10);
+          r.report.result_blob = ResultBlob::adopt(fd, size);  // owns fd from here, even when it throws
+          r.report.result.reset();
+        } catch (const FrameError& e) {
+          ::close(fd);
+          note(r, std::string("the result frame is malformed (") + e.what() + "); no result");
+        } catch (const std::exception& e) {
+          note(r, std::string("the rank's result is ") + e.what() + "; no result");
+        }
+        break;
+      }
       case FrameKind::error: {
         auto fields = decode_fields(f.payload);
         ErrorRecord e;
@@ -131,24 +174,76 @@ struct Supervisor::Impl {
       std::string_view bytes(buf->base, static_cast<std::size_t>(nread));
       if (c.which == 1) r.out_stream->feed(bytes);
       else if (c.which == 2) r.err_stream->feed(bytes);
-      else {
-        try {
-          r.frames.feed(bytes);
-          while (auto f = r.frames.next()) on_frame(r, std::move(*f));
-        } catch (const FrameError& e) {
-          r.err_stream->feed(std::string("airhost: ") + e.what() + "; ignoring the rest of it\n");
-          close_channel(c);
-        }
-      }
       return;
     }
     if (nread < 0) close_channel(c);  // UV_EOF or an error: either way this pipe is done
+  }
+
+  void on_control_bytes(Channel& c, std::string_view bytes) {
+    Rank& r = *c.rank;
+    try {
+      r.frames.feed(bytes);
+      while (auto f = r.frames.next()) on_frame(r, std::move(*f));
+    } catch (const FrameError& e) {
+      note(r, std::string(e.what()) + "; ignoring the rest of it");
+      close_channel(c);
+    }
+  }
+
+  // The poll is level-triggered: a bounded number of reads per wake-up keeps a rank that
+  // floods its channel from starving the others, and the rest is read on the next turn.
+  void read_control(Channel& c, int status) {
+    Rank& r = *c.rank;
+    if (status < 0) {
+      close_channel(c);
+      return;
+    }
+    for (int reads = 0; reads < 64 && c.open; ++reads) {
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
+      iovec iov{read_buffer.data(), read_buffer.size()};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      const ssize_t n = ::recvmsg(c.fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) close_channel(c);
+        return;
+      }
+      for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+        const std::size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (std::size_t i = 0; i < count; ++i) {
+          int fd;
+          std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+          r.passed_fds.push_back(fd);
+        }
+      }
+      if (msg.msg_flags & MSG_CTRUNC) note(r, "descriptors sent on the control channel were lost (too many at once)");
+      if (n == 0) {
+        close_channel(c);
+        return;
+      }
+      on_control_bytes(c, std::string_view(read_buffer.data(), static_cast<std::size_t>(n)));
+    }
   }
 
   void close_channel(Channel& c) {
     if (!c.open) return;
     c.open = false;
     Rank& r = *c.rank;
+    if (c.which == 3) {
+      uv_poll_stop(&c.poll);
+      uv_close(as_handle(&c.poll), [](uv_handle_t* h) {
+        auto* ch = static_cast<Channel*>(h->data);
+        ::close(ch->fd);  // only now: libuv must not watch a descriptor that was closed
+        ch->fd = -1;
+        ch->rank->sup->maybe_finish();
+      });
+      return;
+    }
     if (c.which == 1) r.out_stream->finish();
     if (c.which == 2) r.err_stream->finish();
     uv_read_stop(reinterpret_cast<uv_stream_t*>(&c.pipe));
@@ -177,6 +272,21 @@ struct Supervisor::Impl {
         });
   }
 
+  void open_control(Rank& r, int fd) {
+    Channel& c = r.ctl;
+    c.rank = &r;
+    c.which = 3;
+    c.fd = fd;
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    uv_poll_init(&loop, &c.poll, fd);
+    c.poll.data = &c;
+    c.open = true;
+    uv_poll_start(&c.poll, UV_READABLE | UV_DISCONNECT, [](uv_poll_t* p, int status, int) {
+      auto* ch = static_cast<Channel*>(p->data);
+      ch->rank->sup->read_control(*ch, status);
+    });
+  }
+
   // ---- processes -----------------------------------------------------------------------
 
   void start_rank(Rank& r) {
@@ -196,7 +306,7 @@ struct Supervisor::Impl {
 
     open_channel(r, r.out, 1, out[0]);
     open_channel(r, r.err, 2, err[0]);
-    open_channel(r, r.ctl, 3, ctl[0]);
+    open_control(r, ctl[0]);
     try {
       r.report.pid = starter->start(&loop, req, [this, &r](int64_t status, int sig) { on_exit(r, status, sig); });
       guard.add(r.report.pid);

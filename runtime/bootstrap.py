@@ -195,21 +195,386 @@ def install():
         sys.meta_path.insert(0, _BindMlflowRunOnImport(pending))
 
 
-def _send_result(value, result_format="pickle"):
-    try:
-        if result_format == "json":
-            import json
+# ---- results ------------------------------------------------------------------------
+#
+# A return value of up to INLINE_LIMIT bytes travels inside a `result` frame. A larger one
+# never goes through a pipe: it is pickled (protocol 5, the storage of tensors and arrays out
+# of band, so it is written once, straight from where it lies) into shared memory, a memfd
+# sealed once written, or, when shared memory lacks room, an unnamed file (O_TMPFILE) in the
+# run directory's results/; the descriptor goes to the host with SCM_RIGHTS (a `result_fd`
+# frame). The layout is documented with airhost::ResultBlob (include/airhost/report.hpp).
+# Nothing of it has a name: a rank that dies while writing leaves nothing and sends nothing.
 
-            payload = json.dumps(value).encode()
+INLINE_LIMIT = 64 << 10
+_RESULT_MAGIC = b"AHRESULT"
+_RESULT_HEADER = 64  # magic + 7 u64: version, total, stream offset, stream length, table offset, count, 0
+_ALIGN = 64
+
+
+class ResultStorageError(RuntimeError):
+    """The result fits neither in shared memory nor in the run directory."""
+
+    def __reduce__(self):  # this module is not importable in the caller: arrive as RuntimeError
+        return RuntimeError, self.args
+
+
+def _memory_available():
+    """Bytes that memory can still take: MemAvailable, or what this cgroup allows if less."""
+    best = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    best = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/proc/self/cgroup") as f:
+            group = next((line.strip()[3:] for line in f if line.startswith("0::")), None)
+        if group is not None:
+            base = "/sys/fs/cgroup" + group.rstrip("/")
+            with open(base + "/memory.max") as f:
+                most = f.read().strip()
+            if most != "max":
+                with open(base + "/memory.current") as f:
+                    room = int(most) - int(f.read())
+                best = room if best is None else min(best, room)
+    except (OSError, ValueError):
+        pass
+    return best
+
+
+def _shm_limit():
+    """The most bytes of shared memory a result of this rank may take: AIRHOST_RESULT_SHM_LIMIT,
+    else half of the memory available, shared among the node's ranks (they all return at once,
+    and the caller then holds the results)."""
+    value = os.environ.get("AIRHOST_RESULT_SHM_LIMIT", "").strip()
+    if value:
+        try:
+            return max(0, int(value))
+        except ValueError:
+            sys.stderr.write(f"airhost: AIRHOST_RESULT_SHM_LIMIT={value!r} is not a number of bytes; ignored\n")
+    available = _memory_available()
+    if available is None:
+        return 1 << 62
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(0, available // (2 * ranks))
+
+
+def _size(n):
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _align(n, to=_ALIGN):
+    return (n + to - 1) // to * to
+
+
+class _ResultWriter:
+    """The file the result's pickler writes to: memory while the result is small (it then goes
+    inline), then a memfd, or an unnamed file in the run directory past the shared-memory limit
+    (moving what the memfd already holds). finish() appends the out-of-band buffers, the table
+    and the header, and seals the memfd."""
+
+    def __init__(self):
+        self.rank = os.environ.get("RANK", "?")
+        self.small = bytearray()
+        self.fd = -1
+        self.where = None
+        self.pos = 0
+        self.limit = 0
+        self.directory = None
+        self.why = "shared memory cannot take it"
+
+    # -- what the pickler calls
+    def write(self, data):
+        n = memoryview(data).nbytes
+        if self.fd < 0:
+            if len(self.small) + n <= INLINE_LIMIT:
+                self.small += data
+                return n
+            self._open(_RESULT_HEADER + len(self.small) + n)
+        self._room(self.pos + n)
+        self._write(data)
+        return n
+
+    # -- storage
+    def _open(self, need):
+        self.limit = _shm_limit()
+        if need <= self.limit:
+            try:
+                self.fd = os.memfd_create("airhost-result", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+                self.where = "shm"
+            except (AttributeError, OSError) as e:
+                self._open_file(need, f"shared memory (memfd) is not available here ({e})")
         else:
-            payload = _dumps(value)
-    except Exception as e:
-        rank = os.environ.get("RANK", "?")
-        raise TypeError(
-            f"the return value of rank {rank} ({type(value).__name__}) cannot be sent as {result_format}: {e}; "
-            "return plain data (numbers, lists, dicts, tensors) instead"
-        ) from e
-    _airhost_rank.send_result(payload)
+            self._open_file(need, self._over_limit())
+        self._write(bytes(_RESULT_HEADER))
+        if self.small:
+            self._write(self.small)
+            self.small = bytearray()
+
+    def _over_limit(self):
+        return (
+            f"the result needs more than the {_size(self.limit)} of shared memory this rank may use "
+            "(half the memory available, shared among the ranks, or AIRHOST_RESULT_SHM_LIMIT)"
+        )
+
+    def _room(self, end):
+        if self.where == "shm" and end > self.limit:
+            self._spill(end)
+
+    def _spill(self, end):
+        old, n = self.fd, self.pos
+        self.fd = -1
+        try:
+            self._open_file(end, self._over_limit())
+            done = 0
+            while done < n:
+                try:
+                    try:
+                        sent = os.sendfile(self.fd, old, done, n - done)
+                    except OSError as e:
+                        if e.errno == 28:  # ENOSPC: no use trying another way
+                            raise
+                        chunk = os.pread(old, min(n - done, 1 << 24), done)
+                        sent = os.write(self.fd, chunk) if chunk else 0
+                except OSError as e:
+                    raise self._error(e) from e
+                if sent <= 0:
+                    raise self._error(OSError(5, "the result could not be moved out of shared memory"))
+                done += sent
+            self.pos = n
+        finally:
+            os.close(old)
+
+    def _open_file(self, need, why):
+        import errno
+
+        run_dir = os.environ.get("AIRHOST_RUN_DIR") or __import__("tempfile").gettempdir()
+        self.directory = os.path.join(run_dir, "results")
+        try:
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            try:
+                fd = os.open(self.directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            except (AttributeError, OSError) as e:
+                if getattr(e, "errno", None) not in (None, errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                    raise
+                # No O_TMPFILE on this filesystem: a name for a moment. The host removes what a
+                # rank killed in between leaves (.rank-*.partial).
+                path = os.path.join(self.directory, f".rank-{self.rank}-{os.getpid()}.partial")
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                os.unlink(path)
+        except OSError as e:
+            raise self._error(e) from e
+        self.fd, self.where, self.pos, self.why = fd, "file", 0, why
+        sys.stderr.write(f"airhost: rank {self.rank}: {why}; writing it to an unnamed file in {self.directory}\n")
+        self._reserve(need)
+
+    def _reserve(self, end):
+        """Claims the file's blocks before writing them: a full disk fails here, at once."""
+        if self.where != "file":
+            return
+        try:
+            os.posix_fallocate(self.fd, 0, end)
+        except OSError as e:
+            import errno
+
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise self._error(e) from e
+
+    def _error(self, e):
+        where = self.directory or os.path.join(os.environ.get("AIRHOST_RUN_DIR", "?"), "results")
+        return ResultStorageError(
+            f"rank {self.rank} cannot store its result in {where}: {getattr(e, 'strerror', None) or e} "
+            f"(and {self.why}); free space there, or return less data"
+        )
+
+    def _write(self, data):
+        view = memoryview(data).cast("B")
+        done = 0
+        try:
+            while done < len(view):
+                done += os.write(self.fd, view[done:])
+        except OSError as e:
+            raise self._error(e) from e
+        self.pos += done
+
+    def finish(self, buffers):
+        """Appends the out-of-band buffers, the table and the header. Returns None when the
+        whole result is `self.small` (an inline frame), else (fd, size, where)."""
+        import struct
+
+        raws = [b.raw() for b in buffers]
+        if self.fd < 0:
+            if not raws:
+                return None
+            self._open(_RESULT_HEADER + len(self.small) + sum(_align(r.nbytes) for r in raws))
+        stream_length = self.pos - _RESULT_HEADER
+        offsets, end = [], self.pos
+        for r in raws:
+            end = _align(end)
+            offsets.append(end)
+            end += r.nbytes
+        table = _align(end, 8)
+        total = table + 16 * len(raws)
+        self._room(total)
+        self._reserve(total)
+        for offset, r in zip(offsets, raws):
+            if offset > self.pos:
+                self._write(bytes(offset - self.pos))
+            self._write(r)
+        if table > self.pos:
+            self._write(bytes(table - self.pos))
+        self._write(b"".join(struct.pack("<QQ", o, r.nbytes) for o, r in zip(offsets, raws)))
+        header = struct.pack("<8s7Q", _RESULT_MAGIC, 1, total, _RESULT_HEADER, stream_length, table, len(raws), 0)
+        try:
+            os.pwrite(self.fd, header, 0)
+            if self.where == "shm":
+                import fcntl
+
+                seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+                fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, seals)
+        except OSError as e:
+            raise self._error(e) from e
+        return self.fd, total, self.where
+
+    def close(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _Reduced:
+    """Pickles as `fn(*args)`."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+def _reduce_tensor(pickler, torch, t):
+    """A CPU tensor as torch's own functions over its storage's bytes: as_strided(view(
+    from_numpy(uint8 array of the storage), dtype), size, stride, offset). The array goes out of
+    band, so the storage is written once and the caller's tensor lies in the mapped result;
+    views of one storage stay views of one storage. torch's default pickling (torch.save of the
+    storage into a bytes object) is kept for everything else, and for small storages."""
+    try:
+        if (
+            t.layout != torch.strided
+            or t.device.type != "cpu"
+            or t.requires_grad
+            or t.is_quantized
+            or t.is_nested
+            or t.is_conj()
+            or t.is_neg()
+            or getattr(t, "__dict__", None)
+        ):
+            return None
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        if nbytes < INLINE_LIMIT or nbytes % t.element_size():
+            return None
+        key = (storage.data_ptr(), nbytes)
+        refs = pickler.airhost_storages
+        raw = refs.get(key)
+        if raw is None:
+            flat = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (nbytes,), (1,))
+            raw = refs[key] = _Reduced(torch.from_numpy, (flat.numpy(),))  # numpy missing: default path
+        typed = refs.get((key, t.dtype))
+        if typed is None:
+            typed = refs[(key, t.dtype)] = _Reduced(torch.Tensor.view, (raw, t.dtype))
+        return torch.as_strided, (typed, tuple(t.size()), tuple(t.stride()), t.storage_offset())
+    except Exception:
+        return None
+
+
+_result_pickler_class = None
+
+
+def _result_pickler(file, buffer_callback):
+    global _result_pickler_class
+    if _result_pickler_class is None:
+        try:
+            import cloudpickle
+
+            base = getattr(cloudpickle, "CloudPickler", None) or cloudpickle.Pickler
+        except ImportError:
+            import pickle
+
+            base = pickle.Pickler
+
+        class ResultPickler(base):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.airhost_storages = {}
+
+            def reducer_override(self, obj):
+                torch = sys.modules.get("torch")
+                if torch is not None and type(obj) is torch.Tensor:
+                    reduced = _reduce_tensor(self, torch, obj)
+                    if reduced is not None:
+                        return reduced
+                parent = getattr(super(), "reducer_override", None)
+                return parent(obj) if parent is not None else NotImplemented
+
+        _result_pickler_class = ResultPickler
+    return _result_pickler_class(file, protocol=5, buffer_callback=buffer_callback)
+
+
+def _write_result(value, writer):
+    """Pickles `value` into `writer`; returns the out-of-band buffers, in stream order."""
+    buffers = []
+
+    def out_of_band(buffer):
+        try:
+            if buffer.raw().nbytes < INLINE_LIMIT:
+                return True  # small: in the stream
+        except BufferError:
+            return True  # not contiguous: pickle copies it in band
+        buffers.append(buffer)
+        return False
+
+    _result_pickler(writer, out_of_band).dump(value)
+    return buffers
+
+
+def _send_result(value, result_format="pickle"):
+    writer = _ResultWriter()
+    try:
+        try:
+            if result_format == "json":
+                import json
+
+                writer.write(json.dumps(value).encode())
+                buffers = []
+            else:
+                buffers = _write_result(value, writer)
+        except ResultStorageError:
+            raise
+        except Exception as e:
+            rank = os.environ.get("RANK", "?")
+            raise TypeError(
+                f"the return value of rank {rank} ({type(value).__name__}) cannot be sent as {result_format}: {e}; "
+                "return plain data (numbers, lists, dicts, tensors) instead"
+            ) from e
+        sent = writer.finish(buffers)
+        if sent is None:
+            _airhost_rank.send_result(bytes(writer.small))
+        else:
+            _airhost_rank.send_result_fd(*sent)  # the host gets a descriptor of its own
+    finally:
+        writer.close()
 
 
 def _load_script_function(path, function):
@@ -308,3 +673,29 @@ def run_function(kind, target, function, result_format="pickle"):
         exc.__traceback__ = tb
         sys.excepthook(exc_type, exc, tb)
         return 1
+
+
+def exit_quickly(code):
+    """What Python's own exit does that a program can see, for a function rank that the host
+    then ends with _exit: wait for non-daemon threads, run atexit callbacks (logging.shutdown,
+    weakref finalizers, mlflow's flushes and the like), flush stdout and stderr. Returns the exit
+    code. Tearing every module down, torch's above all, takes a second or more of CPU per rank
+    and delays the end of the run, and with it the results, for nothing; multiprocessing ends
+    its workers the same way. What is skipped: __del__ of objects still alive, so a file
+    object left open and unflushed in a module global loses its buffer.
+    AIRHOST_RANK_FINALIZE=1 keeps the full interpreter finalization."""
+    import atexit
+    import threading
+
+    try:
+        threading._shutdown()
+    except Exception:
+        pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            code = code or 120  # what Py_FinalizeEx makes of a flush that fails
+    return code

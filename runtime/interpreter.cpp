@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "bootstrap_py.hpp"
@@ -126,13 +127,28 @@ int run_interpreter(const RankArgs& args) {
   int code = 1;
   PyObject* rv = PyObject_CallMethod(bootstrap, "run_function", "ssss", args.kind.c_str(),
                                      args.target.c_str(), args.function.c_str(), args.result_format.c_str());
-  Py_DECREF(bootstrap);
   if (rv) {
     code = static_cast<int>(PyLong_AsLong(rv));
     Py_DECREF(rv);
   } else {
     PyErr_Print();
   }
+  // The result is with the host; the run, and the caller with it, waits only for this process
+  // to end. bootstrap.exit_quickly does what of Python's exit a program can see; the rest of
+  // Py_FinalizeEx (tearing torch down: a second or more per rank) is skipped, as
+  // multiprocessing does for its workers, unless AIRHOST_RANK_FINALIZE=1.
+  const char* full = std::getenv("AIRHOST_RANK_FINALIZE");
+  if (!(full && std::string(full) == "1")) {
+    PyObject* last = PyObject_CallMethod(bootstrap, "exit_quickly", "i", code);
+    if (last) {
+      code = static_cast<int>(PyLong_AsLong(last));
+      Py_DECREF(last);
+      std::fflush(nullptr);  // C stdio of extensions (NCCL's log, say), as exit() would
+      _exit(code);
+    }
+    PyErr_Print();  // could not even do that: finalize fully below
+  }
+  Py_DECREF(bootstrap);
   if (Py_FinalizeEx() < 0 && code == 0) code = 120;  // what python does when flushing fails
   return code;
 }

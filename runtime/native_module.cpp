@@ -7,11 +7,14 @@
 #include <pybind11/stl.h>
 
 #include <signal.h>
+#include <sys/mman.h>
 
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "accelerators.hpp"
@@ -60,8 +63,37 @@ LaunchSpec spec_from_dict(const py::dict& d) {
   spec.output.forward = get<bool>(d, "forward", false);
   spec.output.prefix = get<bool>(d, "prefix", true);
   spec.handle_signals = false;  // the caller's signals stay the caller's: Ctrl-C → cancel()
+  spec.keep_result_descriptors = true;  // mapped by ResultMapping below, never copied here
   return spec;
 }
+
+// A rank's result handed over by descriptor (airhost::ResultBlob), mapped copy-on-write: the
+// Python API unpickles it with buffers that point into the mapping, so tensors and arrays
+// are never copied, and writing to them copies only the pages written. The mapping keeps the
+// memory alive, not a descriptor: it goes when the last object built on it does.
+class ResultMapping {
+ public:
+  explicit ResultMapping(const ResultBlob& blob) : size_(blob.size()), shared_memory_(blob.in_shared_memory()) {
+    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, blob.fd(), 0);
+    if (p == MAP_FAILED) throw std::system_error(errno, std::generic_category(), "cannot map a rank's result");
+    data_ = p;
+  }
+  ~ResultMapping() { ::munmap(data_, size_); }
+  ResultMapping(const ResultMapping&) = delete;
+  ResultMapping& operator=(const ResultMapping&) = delete;
+
+  py::buffer_info buffer() {
+    return py::buffer_info(data_, 1, py::format_descriptor<unsigned char>::format(), 1,
+                           {static_cast<py::ssize_t>(size_)}, {static_cast<py::ssize_t>(1)}, false);
+  }
+  std::uint64_t size() const { return size_; }
+  bool in_shared_memory() const { return shared_memory_; }
+
+ private:
+  void* data_ = nullptr;
+  std::uint64_t size_;
+  bool shared_memory_;
+};
 
 py::dict report_to_dict(const RunReport& r) {
   py::dict d;
@@ -86,7 +118,10 @@ py::dict report_to_dict(const RunReport& r) {
     rd["state"] = to_string(k.state);
     rd["exit_code"] = k.exit_code;
     rd["signal"] = k.term_signal;
-    rd["result"] = k.result ? py::object(py::bytes(*k.result)) : py::object(py::none());
+    if (k.result_blob)
+      rd["result"] = py::cast(std::make_unique<ResultMapping>(*k.result_blob));
+    else
+      rd["result"] = k.result ? py::object(py::bytes(*k.result)) : py::object(py::none());
     if (k.error) {
       py::dict e;
       e["type"] = k.error->type;
@@ -179,11 +214,17 @@ class Run {
 
   void cancel(int sig) { launcher_->cancel(sig); }
 
+  // The first call maps the results handed over by descriptor and lets go of the
+  // descriptors; later calls return the same dict.
   py::object report() {
     std::lock_guard lock(mutex_);
     if (!done_) throw std::runtime_error("the run is still going; poll() until it is done");
     if (!launch_error_.empty()) return py::str(launch_error_);
-    return report_to_dict(report_);
+    if (report_dict_.is_none()) {
+      report_dict_ = report_to_dict(report_);
+      for (auto& r : report_.ranks) r.result_blob.reset();
+    }
+    return report_dict_;
   }
 
  private:
@@ -194,6 +235,7 @@ class Run {
   std::deque<Line> lines_;
   bool done_ = false;
   RunReport report_;
+  py::object report_dict_ = py::none();
   std::string launch_error_;
 };
 
@@ -208,6 +250,12 @@ PYBIND11_MODULE(_native, m) {
       .def("poll", &Run::poll, py::arg("timeout"))
       .def("cancel", &Run::cancel, py::arg("signal") = SIGINT)
       .def("report", &Run::report);
+
+  py::class_<ResultMapping>(m, "ResultMapping", py::buffer_protocol(),
+                            "A rank's result in shared memory or an unnamed file, mapped copy-on-write.")
+      .def_buffer(&ResultMapping::buffer)
+      .def_property_readonly("size", &ResultMapping::size)
+      .def_property_readonly("in_shared_memory", &ResultMapping::in_shared_memory);
 
   m.def("make_run_id", &detail::make_run_id);
   m.def("default_runs_root", &default_runs_root);

@@ -1,15 +1,17 @@
 // rank_module.cpp — `_airhost_rank`, the embedded module a rank's Python talks to the host with.
 #include <pybind11/embed.h>
 
-#include <cerrno>
-#include <cstring>
-#include <string_view>
-#include <system_error>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string_view>
+#include <system_error>
 
 #include "frames.hpp"
 #include "rank_module.hpp"
@@ -43,6 +45,31 @@ void send(FrameKind kind, std::string_view payload) {
   write_all(payload);
 }
 
+// A frame whose first byte carries `fd` (SCM_RIGHTS): the host receives the descriptor with
+// the read that brings that byte, so it has it by the time the frame is complete.
+void send_with_fd(FrameKind kind, std::string_view payload, int fd) {
+  if (control_fd < 0) throw std::runtime_error("this process is not an airhost rank (no control channel)");
+  std::string frame = detail::encode_frame(kind, payload);
+  py::gil_scoped_release release;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  iovec iov{frame.data(), frame.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+  cm->cmsg_level = SOL_SOCKET;
+  cm->cmsg_type = SCM_RIGHTS;
+  cm->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+  ssize_t n;
+  do n = ::sendmsg(control_fd, &msg, MSG_NOSIGNAL);
+  while (n < 0 && errno == EINTR);
+  if (n < 0) throw std::system_error(errno, std::generic_category(), "airhost control channel");
+  write_all(std::string_view(frame).substr(static_cast<std::size_t>(n)));  // the rest, if the socket took part
+}
+
 std::string_view view(const py::bytes& b) {
   char* data = nullptr;
   Py_ssize_t size = 0;
@@ -58,6 +85,12 @@ PYBIND11_EMBEDDED_MODULE(_airhost_rank, m) {
   m.doc() = "Private channel from an airhost rank to its host.";
   m.def("send_result", [](const py::bytes& payload) { send(FrameKind::result, view(payload)); },
         "Send the pickled return value of this rank.");
+  m.def("send_result_fd",
+        [](int fd, unsigned long long size, std::string where) {
+          airhost::detail::Fields f{{"size", std::to_string(size)}, {"where", std::move(where)}};
+          send_with_fd(FrameKind::result_fd, airhost::detail::encode_fields(f), fd);
+        },
+        "Hand the host the descriptor of a finished result of `size` bytes (the host gets its own copy).");
   m.def("send_error",
         [](std::string type, std::string message, std::string traceback, const py::bytes& pickled,
            std::string time) {

@@ -68,6 +68,10 @@ struct LaunchSpec {
                                           // when there is none or it refuses; empty = cold
   std::string warm_preload;               // what the warm server must have preloaded, as given to
                                           // it ("auto", "torch,numpy"); empty = whatever it has
+  bool keep_result_descriptors = false;  // results over 64 KiB stay in RankReport::result_blob
+                                          // (shared memory, never copied by the host) instead of
+                                          // being read into RankReport::result; the Python API
+                                          // and the CLI set it
   bool handle_signals = false;            // tear down on SIGINT/SIGTERM/SIGHUP to this process and
                                           // forward them to the ranks (the CLI does; an embedding
                                           // program usually calls Launcher::cancel() instead)

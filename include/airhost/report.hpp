@@ -1,11 +1,72 @@
 // airhost/report.hpp — what a finished run hands back.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace airhost {
+
+// A rank's return value handed over by descriptor instead of through the control channel.
+//
+// A result of more than 64 KiB never travels through a pipe: the rank pickles it (protocol 5,
+// the storage of tensors and arrays kept out of band, so it is written once) straight into
+// shared memory (a memfd, sealed against writing, growing and shrinking once written) or,
+// when shared memory lacks room, an unnamed file (O_TMPFILE) in the run directory's
+// results/, and passes the descriptor over the control channel (SCM_RIGHTS). Nothing names
+// it: it is gone when the last descriptor and the last mapping of it are.
+//
+// Layout (every integer a little-endian u64):
+//   offset 0   "AHRESULT", version (1), total size, stream offset, stream length,
+//              table offset, buffer count, reserved (0)                      = 64 bytes
+//   stream     a pickle (protocol 5) whose out-of-band buffers are, in order, the
+//              entries of the table; or the JSON text of a result_format = "json" entry
+//   buffers    each at a 64-byte aligned offset
+//   table      buffer count × (offset, length)
+//
+// A reader that can map memory (the Python API) unpickles the stream with buffers that point
+// into the mapping, so tensors and arrays are not copied at all. ResultBlob gives C++ callers
+// the same value as plain bytes.
+class ResultBlob {
+ public:
+  // Takes ownership of `fd` and checks that it holds a whole result of `expected_size` bytes:
+  // a regular file, sealed against writes and size changes when it is shared memory, unnamed
+  // (no link left) when it is a file. Throws std::runtime_error saying what is wrong (the
+  // descriptor is closed then).
+  static std::shared_ptr<const ResultBlob> adopt(int fd, std::uint64_t expected_size);
+
+  ~ResultBlob();
+  ResultBlob(const ResultBlob&) = delete;
+  ResultBlob& operator=(const ResultBlob&) = delete;
+
+  int fd() const noexcept { return fd_; }  // borrowed; read it with pread or mmap(MAP_PRIVATE)
+  std::uint64_t size() const noexcept { return size_; }
+  bool in_shared_memory() const noexcept { return shared_memory_; }
+  std::size_t buffer_count() const noexcept { return buffers_.size(); }
+
+  // The value as RankReport::result holds an inline one: the JSON text, or a pickle that
+  // plain `pickle.loads` takes (the out-of-band buffers put back in band). A copy: for
+  // hundreds of MB, prefer write_to() or mapping fd() yourself.
+  std::string to_string() const;
+  // The same bytes, streamed to `out_fd`. Throws std::system_error (a full disk, say).
+  void write_to(int out_fd) const;
+
+ private:
+  struct Span {
+    std::uint64_t offset, length;
+  };
+  ResultBlob() = default;
+  template <typename Sink>
+  void emit(Sink&& sink) const;
+
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
+  bool shared_memory_ = false;
+  Span stream_{0, 0};
+  std::vector<Span> buffers_;
+};
 
 // An exception captured inside a rank's interpreter and sent over the control channel.
 struct ErrorRecord {
@@ -30,7 +91,14 @@ struct RankReport {
   RankState state = RankState::pending;
   int exit_code = -1;                  // process exit status, or -1 if it died of a signal
   int term_signal = 0;                 // signal that killed it, 0 if none
-  std::optional<std::string> result;   // Kind::function / pickled: the pickled return value
+  // Kind::function / pickled: the return value, pickled (or JSON text). Results of up to
+  // 64 KiB always arrive here. Larger ones arrive as `result_blob`; unless the launch set
+  // LaunchSpec::keep_result_descriptors, Launcher::run() turns each into bytes here too
+  // (ResultBlob::to_string) and drops the blob, so `result` holds every result, as it always did.
+  std::optional<std::string> result;
+  // A result handed over by descriptor and kept as such (LaunchSpec::keep_result_descriptors);
+  // null otherwise. Shared by copies of the report; the memory goes with the last of them.
+  std::shared_ptr<const ResultBlob> result_blob;
   std::optional<ErrorRecord> error;    // the exception it raised, if it sent one
   std::string stdout_log;              // path of the full stdout log
   std::string stderr_log;              // path of the full stderr log

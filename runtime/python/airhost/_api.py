@@ -15,7 +15,7 @@ import threading
 import warnings
 from typing import Any, Callable, Dict, List, Optional
 
-from . import _accelerators, _leases, _native
+from . import _accelerators, _leases, _native, _results
 from ._tracking import Tracking
 
 DEFAULT_TIMEOUT = 10800  # 3 h, as databricks.air
@@ -479,6 +479,14 @@ def _rank_failure(r: dict) -> str:
 def _results_or_raise(report: dict, opts: _Options) -> List[Any]:
     ranks = sorted(report["ranks"], key=lambda r: r["rank"])
     outcome = report["outcome"]
+    # Results over 64 KiB are mappings of shared memory (see _results.py). Neither the report
+    # nor an exception keeps one: memory is held only by the values handed back.
+    mapped = {}
+    for r in ranks:
+        if r["result"] is not None and not isinstance(r["result"], bytes):
+            if outcome == "succeeded":
+                mapped[r["rank"]] = r["result"]
+            r["result"] = None
     logs = os.path.join(report["run_dir"], "logs")
     if outcome == "timed_out":
         raise TimeoutError(
@@ -513,21 +521,26 @@ def _results_or_raise(report: dict, opts: _Options) -> List[Any]:
         raise err
     results = []
     for r in ranks:
-        if r["result"] is None:
+        result = mapped.pop(r["rank"], None) or r["result"]
+        if result is None:
+            mapped.clear()
             raise DistributedError(
                 f"rank {r['rank']} exited 0 without returning a result (did it call os._exit?). Logs: {logs}",
                 [r["rank"]],
                 report,
             )
         try:
-            results.append(pickle.loads(r["result"]))
+            results.append(_results.loads(result))
         except Exception as e:
+            mapped.clear()
             raise DistributedError(
                 f"the result of rank {r['rank']} cannot be unpickled here: {e}; return plain data "
                 "(numbers, lists, dicts, tensors) from the function",
                 [r["rank"]],
                 report,
             ) from e
+        finally:
+            del result
     return results
 
 
