@@ -619,7 +619,8 @@ def bench_results(b: Bench) -> dict:
 
     launchers = [mode("airhost", "airhost @distributed", "airhost", n),
                  mode("mp_queue", "torch.multiprocessing Queue", "mp-queue", n),
-                 mode("memcpy", "memcpy (one 256 MiB copy)", "memcpy", 1)]
+                 mode("memcpy", "memcpy (one 256 MiB copy)", "memcpy", 1),
+                 mode("fresh_shm", "one write into a new memfd", "fresh-shm", 1)]
 
     def one(l: Launcher, tag: str) -> dict:
         res = b.run(f"results-{l.key}-{tag}", l.procs("", n))
@@ -637,7 +638,7 @@ def bench_results(b: Bench) -> dict:
         out[key] = {"gbps": summary([r["gbps"] for r in rs]),
                     "window": summary([r["window"] for r in rs]),
                     "runs": [{k: r.get(k) for k in ("gbps", "window", "call", "exit")} for r in rs]}
-        if key != "memcpy":
+        if key not in ("memcpy", "fresh_shm"):
             out[key]["call"] = summary([r["call"] for r in rs])
     return out
 
@@ -922,7 +923,9 @@ def print_report(rep: dict) -> None:
         print(f"\n2. Results: {r['ranks']} ranks x {r['mib']} MiB; last result ready -> caller "
               f"holds all (GB/s)")
         for key, label in (("airhost", "airhost @distributed"), ("mp_queue", "torch.mp Queue"),
-                           ("memcpy", "memcpy, one copy")):
+                           ("memcpy", "memcpy, one copy"), ("fresh_shm", "new memfd, one write")):
+            if key not in r:
+                continue
             g = r[key]["gbps"]
             call = f" | whole call {r[key]['call']['median']:.2f} s" if "call" in r[key] else ""
             print(f"   {label:22} {g['median']:7.2f} [{g['min']:.2f} {g['max']:.2f}] GB/s  "
