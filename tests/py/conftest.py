@@ -105,9 +105,13 @@ def wait_until_gone(run_id: str | None = None, marker: str | None = None, timeou
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+    """Polls predicate until it is true; a file it reads that does not exist yet counts as false."""
     deadline = time.monotonic() + timeout
     while True:
-        value = predicate()
+        try:
+            value = predicate()
+        except FileNotFoundError:
+            value = None
         if value:
             return value
         if time.monotonic() >= deadline:
