@@ -44,7 +44,13 @@ LaunchSpec make_spec(const HostOptions& opts, ClusterResolution& cluster) {
   spec.entry.module_target = opts.module_target;
   const auto inventory = detect_accelerators();
   spec.nprocs = s.accelerators.value_or(0) > 0 ? *s.accelerators : default_rank_count(inventory);
-  spec.devices = assign_devices(inventory, spec.nprocs);
+  try {
+    spec.devices = assign_devices(inventory, spec.nprocs);
+  } catch (const ConfigError& e) {
+    const std::string& from = cluster.origin.at("accelerators");
+    if (from == "flag" || from == "default" || from.rfind("config ", 0) == 0) throw;
+    throw ConfigError(std::string(e.what()) + " (the count came from " + from + "; give -n to override it)");
+  }
   if (s.timeout) spec.timeout = *s.timeout;
   if (s.grace) spec.grace = *s.grace;
   if (s.python) spec.python = *s.python;
