@@ -327,3 +327,23 @@ def test_two_slurm_nodes_make_one_world(slurm, airhost):
     r = srun(slurm, airhost, "salloc", "-N2", "airhost", "--print-env")
     assert r.returncode == 2, r.stdout + r.stderr
     assert "airhost is running in a 2-node Slurm allocation but outside srun" in r.stderr
+
+
+def test_deploy_slurm_train_sbatch_runs_as_written_but_for_its_gpus(slurm, airhost):
+    """deploy/slurm/train.sbatch itself, with the GPUs and CPUs this machine lacks overridden
+    on sbatch's command line (which wins over #SBATCH lines)."""
+    if len(slurm.nodes) < 2:
+        pytest.skip(f"one Slurm node only: {slurm.why_one_node}")
+    (airhost.work / "train.py").write_text(
+        "import os, sys\nimport torch.distributed as dist\n"
+        "dist.init_process_group('gloo')\n"
+        "print(f'rank {dist.get_rank()} of {dist.get_world_size()} node {os.environ[\"GROUP_RANK\"]} "
+        "args {sys.argv[1:]}', flush=True)\n"
+        "dist.destroy_process_group()\n")
+    sbatch = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "train.sbatch"
+    r = srun(slurm, airhost, "sbatch", "--wait", "--gpus-per-node=0", "--cpus-per-task=2", "--time=5",
+             f"--output={airhost.work}/job.out", str(sbatch), timeout=100)
+    out = (airhost.work / "job.out").read_text() if (airhost.work / "job.out").exists() else "(no output)"
+    assert r.returncode == 0, r.stdout + r.stderr + out
+    for rank in (0, 1):  # no GPU: one rank per node
+        assert f"[rank {rank}] rank {rank} of 2 node {rank} args ['--epochs', '10']\n" in out, out
