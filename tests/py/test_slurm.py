@@ -9,7 +9,8 @@ namespace: the machine's file is not touched), so that `srun -N2` starts one air
 "node" and the ranks of both rendezvous over the bridge as on two machines. They share the
 file system and CPUs, which a real pair of nodes would not: the per-node /tmp/airhost-ports
 (where airhost locks the ports it reserves) is therefore a per-node bind mount too. Without
-namespaces the cluster is one node, localhost, and the two-node test is skipped, saying why.
+namespaces (or with AIRHOST_TEST_SLURM_ONE_NODE=1) the cluster is one node, localhost, and
+the two-node tests are skipped, saying why.
 """
 from __future__ import annotations
 
@@ -236,10 +237,15 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=10 State=UP
 
 
 def make_network() -> tuple[Network | None, str]:
+    if os.environ.get("AIRHOST_TEST_SLURM_ONE_NODE") == "1":
+        return None, "AIRHOST_TEST_SLURM_ONE_NODE=1"
     missing = [t for t in ("ip", "nsenter", "unshare") if not which(t)]
     if missing:
         return None, f"{', '.join(missing)} missing"
     net = Network(f"{os.getpid() % 100000}", ["n1", "n2"])
+    routes = run([which("ip"), "-4", "route"]).stdout
+    if f"{net.subnet}." in routes or f"{net.subnet}.0/" in routes:
+        return None, f"{net.subnet}.0/24 is already routed here"
     try:
         net.up()
     except RuntimeError as e:
