@@ -15,7 +15,7 @@ namespace {
 enum class FlagId {
   accelerators, timeout, grace, python, run_dir, master_addr, master_port, max_restarts,
   prefix, no_prefix, ranks, env, config, preflight, tracking, no_tracking, json, module, help, version,
-  preload, cold,
+  preload, cold, print_env,
 };
 
 struct FlagSpec {
@@ -46,6 +46,7 @@ const std::vector<FlagSpec>& flag_specs() {
       {FlagId::json, {"--json"}, false, ""},
       {FlagId::preload, {"--preload"}, true, "torch,numpy"},
       {FlagId::cold, {"--cold"}, false, ""},
+      {FlagId::print_env, {"--print-env"}, false, ""},
       {FlagId::module, {"-m"}, true, "pkg.train"},
       {FlagId::help, {"-h", "--help"}, false, ""},
       {FlagId::version, {"-V", "--version"}, false, ""},
@@ -278,6 +279,7 @@ class Parser {
         s.preload = value;
         break;
       case FlagId::cold: s.warm = false; break;
+      case FlagId::print_env: options_.print_env = true; break;
       case FlagId::module: {
         if (doctor_) throw ConfigError("airhost doctor takes no target, got " + single_quoted("-m " + value) + "; run airhost doctor alone");
         const std::string shown = "-m " + value;
@@ -351,6 +353,8 @@ class Parser {
   }
 
   void finish() {
+    if (options_.print_env && (warm_ || doctor_))
+      throw ConfigError("--print-env describes a launch; drop it, or run airhost --print-env [train.py]");
     if (warm_) {
       options_.command = Command::warm;
       if (options_.warm_action.empty()) throw ConfigError("airhost warm needs start, stop or status");
@@ -364,7 +368,7 @@ class Parser {
       if (options_.json) {
         throw ConfigError("--json only applies to airhost doctor; drop it, or run airhost doctor --json");
       }
-      if (!target_seen_) {
+      if (!target_seen_ && !options_.print_env) {
         throw ConfigError(
             "nothing to run: give a script (airhost train.py), a module (airhost -m pkg.train) "
             "or a subcommand (airhost doctor); see airhost --help");
@@ -386,6 +390,7 @@ class Parser {
       options_.config_path = path;
     }
     options_.settings.merge(flags_);
+    options_.flags = flags_;
   }
 
   const std::vector<std::string>& argv_;
@@ -446,9 +451,11 @@ Flags:
   --run-dir D           directory for this run's logs and records (default:
                         $AIRHOST_RUNS_DIR/<run id>, else
                         ${XDG_STATE_HOME:-~/.local/state}/airhost/runs/<run id>)
-  --master-addr A       MASTER_ADDR given to the ranks (default: 127.0.0.1)
+  --master-addr A       MASTER_ADDR given to the ranks (default: 127.0.0.1); under
+                        Slurm or Kubernetes, the job's first node
   --master-port P       MASTER_PORT given to the ranks, 0..65535
-                        (default: 0 = a free port reserved for the run)
+                        (default: 0 = a free port reserved for the run, or the port
+                        Slurm or Kubernetes give for a multi-node job)
   --max-restarts N      after a rank fails, stop every rank and start the group again,
                         up to N times; ranks see TORCHELASTIC_RESTART_COUNT (default: 0)
   --prefix              put "[rank N] " before each output line (the default)
@@ -466,6 +473,9 @@ Flags:
                         auto = torch if installed; none = nothing)
   --cold                start the ranks cold even when a warm server is running
   --config FILE         read settings from FILE (default: ./airhost.toml if it exists)
+  --print-env           print where this node's place in the job comes from (flags,
+                        config file, Slurm, Kubernetes, defaults) and the environment
+                        each local rank would get, then exit 0 without starting anything
   --json                airhost doctor only: print the report as JSON
   -h, --help            print this help and exit
   -V, --version         print the version and exit
@@ -475,6 +485,12 @@ Config file:
   airhost reads --config FILE, else airhost.toml in the current directory if there is
   one. Flags override the file, and the file overrides the defaults. configs/default.toml
   documents every key with its default; unknown keys are errors.
+
+Slurm and Kubernetes:
+  Under srun (one airhost per node) or in a Kubeflow PyTorchJob pod, the node count, node
+  rank, master address and port and the ranks per node are taken from the job's
+  environment when no flag or config key gives them (README: "Slurm and Kubernetes");
+  AIRHOST_DETECT=0 turns that off. --print-env shows what was found.
 
 Exit status:
   0        every rank exited 0

@@ -14,6 +14,7 @@ enum class Command { run, help, version, doctor, warm };
 struct HostOptions {
   Command command = Command::run;
   Settings settings;                 // defaults < config file < flags, already merged
+  Settings flags;                    // the command line's settings alone (where a value came from)
   std::string config_path;           // the file that was read, empty if none
   Entry entry;                       // what to run (Command::run)
   // Whether entry.target is a dotted module name (`-m pkg.mod`, `-m pkg.mod:main`) rather
@@ -21,6 +22,7 @@ struct HostOptions {
   // both are Kind::function.
   bool module_target = false;
   bool json = false;                 // doctor --json
+  bool print_env = false;            // --print-env: say what a launch would use, start nothing
   std::string warm_action;           // Command::warm: start | stop | status
 };
 

@@ -34,6 +34,8 @@ void Settings::merge(const Settings& over) {
   take(run_dir, over.run_dir);
   take(master_addr, over.master_addr);
   take(master_port, over.master_port);
+  take(nnodes, over.nnodes);
+  take(node_rank, over.node_rank);
   take(max_restarts, over.max_restarts);
   take(preflight, over.preflight);
   take(tracking, over.tracking);

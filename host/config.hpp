@@ -30,6 +30,8 @@ struct Settings {
   std::optional<std::string> run_dir;            // "" = <runs root>/<run id>
   std::optional<std::string> master_addr;
   std::optional<int> master_port;
+  std::optional<int> nnodes;                     // nodes in the job (LaunchSpec::nnodes)
+  std::optional<int> node_rank;                  // this node's index (LaunchSpec::node_rank)
   std::optional<int> max_restarts;               // restarts of the whole group after a rank fails
   std::optional<bool> preflight;
   std::optional<bool> tracking;                  // an MLflow run per launch, when mlflow is importable

@@ -5,14 +5,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstdio>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "accelerators.hpp"
 #include "airhost/airhost.hpp"
 #include "cli.hpp"
+#include "cluster_env.hpp"
 #include "doctor.hpp"
+#include "rank_env.hpp"
 #include "report_format.hpp"
 #include "run_dir.hpp"
 #include "tracking.hpp"
@@ -29,21 +34,31 @@ int usage_error(const std::string& message) {
   return to_int(ExitCode::usage);
 }
 
-// HostOptions (flags over file over defaults) → a fully resolved LaunchSpec.
-LaunchSpec make_spec(const HostOptions& opts) {
-  const Settings& s = opts.settings;
+// HostOptions (flags over file over what Slurm or Kubernetes say over defaults: see
+// cluster_env.hpp) → a fully resolved LaunchSpec; `cluster` says where each value came from.
+LaunchSpec make_spec(const HostOptions& opts, ClusterResolution& cluster) {
+  cluster = resolve_cluster(opts.flags, opts.settings, opts.config_path, detect_cluster(current_environment_map()));
+  const Settings& s = cluster.settings;
   LaunchSpec spec;
   spec.entry = opts.entry;
   spec.entry.module_target = opts.module_target;
   const auto inventory = detect_accelerators();
   spec.nprocs = s.accelerators.value_or(0) > 0 ? *s.accelerators : default_rank_count(inventory);
-  spec.devices = assign_devices(inventory, spec.nprocs);
+  try {
+    spec.devices = assign_devices(inventory, spec.nprocs);
+  } catch (const ConfigError& e) {
+    const std::string& from = cluster.origin.at("accelerators");
+    if (from == "flag" || from == "default" || from.rfind("config ", 0) == 0) throw;
+    throw ConfigError(std::string(e.what()) + " (the count came from " + from + "; give -n to override it)");
+  }
   if (s.timeout) spec.timeout = *s.timeout;
   if (s.grace) spec.grace = *s.grace;
   if (s.python) spec.python = *s.python;
   if (s.run_dir) spec.run_dir = *s.run_dir;
   if (s.master_addr) spec.master_addr = *s.master_addr;
   if (s.master_port) spec.master_port = *s.master_port;
+  if (s.nnodes) spec.nnodes = *s.nnodes;
+  if (s.node_rank) spec.node_rank = *s.node_rank;
   if (s.max_restarts) spec.max_restarts = *s.max_restarts;
   if (s.prefix) spec.output.prefix = *s.prefix;
   if (s.ranks) spec.output.ranks = *s.ranks;
@@ -74,6 +89,7 @@ void save_results(const RunReport& report) {
 
 int doctor(const HostOptions& opts);
 int warm(const HostOptions& opts);
+int print_env(const LaunchSpec& spec, const ClusterResolution& cluster);
 
 // --preflight: the quick checks that catch a bad node before hours are committed to it.
 // Returns the problems found, one sentence each.
@@ -140,11 +156,13 @@ int main(int argc, char** argv) {
   }
 
   LaunchSpec spec;
+  ClusterResolution cluster;
   try {
-    spec = make_spec(opts);
+    spec = make_spec(opts, cluster);
   } catch (const ConfigError& e) {
     return usage_error(e.what());
   }
+  if (opts.print_env) return print_env(spec, cluster);
 
   if (spec.python.empty()) spec.python = default_python();
   try {
@@ -210,6 +228,55 @@ int doctor(const HostOptions& opts) {
   const DoctorReport report = run_doctor({});
   std::fputs((opts.json ? doctor_json(report) : doctor_text(report)).c_str(), stdout);
   return report.exit_code;
+}
+
+// --print-env: where this node's place in the job came from, then what each local rank's
+// environment would add to or change in this one (built by build_rank_env, as a launch does).
+int print_env(const LaunchSpec& spec, const ClusterResolution& cluster) {
+  if (spec.node_rank >= spec.nnodes)
+    return usage_error("node_rank must be in [0, nnodes); got node_rank " + std::to_string(spec.node_rank) + " of " +
+                       std::to_string(spec.nnodes) + " nodes");
+  const ClusterTopology& t = cluster.topology;
+  std::printf("cluster: %s\n", t.source.empty() ? "none detected (no Slurm job, no PET_NNODES, no Kubeflow PyTorchJob)"
+                                                 : (t.source + " (" + t.evidence + ")").c_str());
+  std::string gpus;
+  for (int d : spec.devices) gpus += (gpus.empty() ? "" : ",") + std::to_string(d);
+  const std::string accel = std::to_string(spec.nprocs) + (gpus.empty() ? " (CPU ranks)" : " (GPUs " + gpus + ")");
+  const std::string port = spec.master_port ? std::to_string(spec.master_port) : "0 (a free port, chosen at launch)";
+  const std::string default_accel = spec.devices.empty() ? "default: 1 rank, no GPU visible"
+                                                         : "default: one rank per visible GPU";
+  const std::vector<std::array<std::string, 3>> rows = {
+      {"nnodes", std::to_string(spec.nnodes), cluster.origin.at("nnodes")},
+      {"node_rank", std::to_string(spec.node_rank), cluster.origin.at("node_rank")},
+      {"master_addr", spec.master_addr, cluster.origin.at("master_addr")},
+      {"master_port", port, cluster.origin.at("master_port")},
+      {"accelerators", accel, cluster.origin.at("accelerators") == "default" ? default_accel : cluster.origin.at("accelerators")},
+  };
+  std::size_t width = 0;
+  for (const auto& row : rows) width = std::max(width, row[1].size());
+  for (const auto& [name, value, origin] : rows)
+    std::printf("  %-13s %-*s  %s\n", name.c_str(), static_cast<int>(width), value.c_str(), origin.c_str());
+  for (const auto& note : t.notes) std::printf("  note: %s\n", note.c_str());
+
+  RunContext ctx;
+  ctx.run_id = spec.run_id.empty() ? "<run id>" : spec.run_id;
+  ctx.run_dir = spec.run_dir.empty() ? default_runs_root() + "/" + ctx.run_id : spec.run_dir;
+  ctx.master_port = spec.master_port;
+  ctx.host_pid = static_cast<int>(::getpid());
+  const auto base = current_environment();
+  const std::set<std::string> unchanged(base.begin(), base.end());
+  for (int local = 0; local < spec.nprocs; ++local) {
+    std::printf("local rank %d (global rank %d), besides this environment:\n", local,
+                spec.node_rank * spec.nprocs + local);
+    for (const auto& kv : build_rank_env(spec, local, ctx, base)) {
+      if (unchanged.count(kv)) continue;
+      std::string line = kv;
+      if (kv.rfind("MASTER_PORT=", 0) == 0 && spec.master_port == 0) line = "MASTER_PORT=<a free port, chosen at launch>";
+      if (kv.rfind("AIRHOST_HOST_PID=", 0) == 0) line = "AIRHOST_HOST_PID=<airhost's pid>";
+      std::printf("  %s\n", line.c_str());
+    }
+  }
+  return 0;
 }
 
 }  // namespace
