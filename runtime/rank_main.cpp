@@ -107,8 +107,11 @@ int main(int argc, char** argv) {
   if (const char* fd = std::getenv("AIRHOST_CONTROL_FD")) {
     int cfd = std::atoi(fd);
     // Keep the channel out of processes the user's code execs; forked children
-    // (DataLoader workers) still hold it, which is harmless.
-    if (::fcntl(cfd, F_SETFD, FD_CLOEXEC) == 0) airhost::rank::control_fd = cfd;
+    // (DataLoader workers, daemons) still hold it, but never write to it (control_pid).
+    if (::fcntl(cfd, F_SETFD, FD_CLOEXEC) == 0) {
+      airhost::rank::control_fd = cfd;
+      airhost::rank::control_pid = ::getpid();
+    }
   }
 
   airhost::rank::RankArgs args;
