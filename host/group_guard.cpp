@@ -50,19 +50,29 @@ bool GroupGuard::start(uv_loop_t* loop, const std::string& executable, const std
   return true;
 }
 
-void GroupGuard::send(char op, int pgid) {
-  if (fd_ < 0 || pgid <= 1) return;
-  const std::string line = op + std::to_string(pgid) + "\n";
-  // A few bytes into an empty socket buffer: never blocks in practice; if the guard is gone,
-  // the run merely goes on unguarded.
-  (void)::send(fd_, line.data(), line.size(), MSG_NOSIGNAL);
+void GroupGuard::send(const std::string& line) {
+  if (fd_ < 0) return;
+  // A few bytes into a socket buffer the guard keeps empty; never blocking the loop: should
+  // the guard be gone (or, absurdly, behind), the run merely goes on less guarded.
+  (void)::send(fd_, line.data(), line.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-void GroupGuard::add(int pgid) { send('+', pgid); }
-void GroupGuard::remove(int pgid) { send('-', pgid); }
+void GroupGuard::add(int pgid) {
+  if (pgid > 1) send('+' + std::to_string(pgid) + "\n");
+}
+void GroupGuard::remove(int pgid) {
+  if (pgid > 1) send('-' + std::to_string(pgid) + "\n");
+}
+void GroupGuard::add_process(int pid, unsigned long long start) {
+  if (pid > 1) send('p' + std::to_string(pid) + ' ' + std::to_string(start) + "\n");
+}
+void GroupGuard::remove_process(int pid) {
+  if (pid > 1) send('q' + std::to_string(pid) + "\n");
+}
 
 void GroupGuard::stop() {
   if (fd_ >= 0) {
+    send("x\n");  // a normal end: the guard must not take it for the host's death
     ::close(fd_);
     fd_ = -1;
   }

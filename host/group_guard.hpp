@@ -8,6 +8,14 @@
 // reaches it) that the host tells each rank's group as it starts and ends; when the host
 // dies with groups still listed, the guard SIGKILLs them. The host reaps it at the end of
 // the run, so it leaves no zombie behind either.
+//
+// What left the ranks' groups (a new session, a daemon) is ended too: the host tells the
+// guard each such process it sees (pid and start time, host/proc_tree.hpp), and the guard
+// also looks for every process whose environment holds the run's AIRHOST_RUN_ID. It ends
+// them all, stopped first so that none forks its way out, then SIGKILLed.
+//
+// Protocol on the guard's stdin, one line each: "+PGID" / "-PGID" a rank's group,
+// "pPID START" / "qPID" an escaped process, "x" the run is over (end nothing).
 #pragma once
 
 #include <uv.h>
@@ -27,11 +35,17 @@ class GroupGuard {
   // supervisor killed what was left in it).
   void add(int pgid);
   void remove(int pgid);
+  // A process of the run outside the ranks' groups (start: its start time, so that a reused
+  // pid is never hit); gone again.
+  void add_process(int pid, unsigned long long start);
+  void remove_process(int pid);
+  // The guard's pid while it runs, else 0.
+  int pid() const { return running_ ? process_.pid : 0; }
   // The run is over: ends the guard and closes its handle (the loop can then finish).
   void stop();
 
  private:
-  void send(char op, int pgid);
+  void send(const std::string& line);
 
   uv_process_t process_{};
   int fd_ = -1;            // the host's end of the guard's stdin

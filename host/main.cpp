@@ -29,6 +29,24 @@ namespace {
 using namespace airhost;
 using namespace airhost::detail;
 
+// SIGINT, SIGTERM and SIGHUP outside a run (while the command line is read, a preflight
+// runs, the run is written down): nothing of a run is alive to forward them to, so the host
+// ends as the signal would end it. It must be a handler, not SIG_DFL: as a container's PID 1
+// the kernel drops a signal whose action is the default, and `docker stop` would wait for its
+// SIGKILL. During a run the supervisor watches them instead, and puts this one back after.
+void on_signal_outside_a_run(int sig) {
+  if (::getpid() == 1) _exit(128 + sig);  // the contract's 128+signal (129 / 130 / 143)
+  ::signal(sig, SIG_DFL);  // elsewhere: die of it, exactly as without a handler
+  ::raise(sig);
+}
+
+void handle_signals_outside_a_run() {
+  struct sigaction sa{};
+  sa.sa_handler = on_signal_outside_a_run;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+}
+
 int usage_error(const std::string& message) {
   std::fprintf(stderr, "airhost: %s\nRun 'airhost --help' for usage.\n", message.c_str());
   return to_int(ExitCode::usage);
@@ -69,6 +87,7 @@ LaunchSpec make_spec(const HostOptions& opts, ClusterResolution& cluster) {
   spec.warm_preload = s.preload.value_or("");
   spec.handle_signals = true;
   spec.keep_result_descriptors = true;  // save_results streams them to results/ from shared memory
+  spec.reap_orphans = true;  // a child subreaper, as tini -s: nothing a rank starts escapes
   return spec;
 }
 
@@ -128,10 +147,25 @@ std::vector<std::string> preflight(const LaunchSpec& spec) {
   return problems;
 }
 
+int run_main(int argc, char** argv);
+
 }  // namespace
 
 int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the supervisor of a 3-day run
+  handle_signals_outside_a_run();
+  const int code = run_main(argc, argv);
+  // As PID 1 (a container's entrypoint) this process is every orphan's parent: reap what is
+  // left before leaving (the kernel ends the namespace's processes when PID 1 exits).
+  if (::getpid() == 1)
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+  return code;
+}
+
+namespace {
+
+int run_main(int argc, char** argv) {
 
   HostOptions opts;
   try {
@@ -221,8 +255,6 @@ int main(int argc, char** argv) {
   }
   return report.exit_code;
 }
-
-namespace {
 
 int doctor(const HostOptions& opts) {
   const DoctorReport report = run_doctor({});

@@ -1,8 +1,11 @@
 #include "supervisor.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -10,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <system_error>
 
@@ -17,6 +21,7 @@
 #include "frames.hpp"
 #include "group_guard.hpp"
 #include "log_stream.hpp"
+#include "proc_tree.hpp"
 #include "util.hpp"
 
 namespace airhost::detail {
@@ -32,6 +37,16 @@ constexpr uint64_t kDrainMs = 3000;
 
 template <typename H>
 uv_handle_t* as_handle(H* h) { return reinterpret_cast<uv_handle_t*>(h); }
+
+// How often the loop looks for processes of the run that left their rank's process group,
+// to tell the guard about them (and reaps what it adopted, should a SIGCHLD have been missed).
+constexpr uint64_t kSweepMs = 1000;
+
+// After the run: how long the host waits for the processes it killed and adopted to die, so
+// that it can reap them before it returns.
+constexpr double kReapSeconds = 2.0;
+
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
 // An error a rank raises because another rank went away: gloo's and NCCL's words for a peer
 // that closed its connection or aborted the communicator.
@@ -88,9 +103,14 @@ struct Supervisor::Impl {
   uv_loop_t loop{};
   GroupGuard guard;
   std::vector<std::unique_ptr<Rank>> ranks;
-  uv_timer_t timeout_timer{}, grace_timer{};
+  uv_timer_t timeout_timer{}, grace_timer{}, sweep_timer{};
   uv_signal_t signals[3]{};
+  struct sigaction saved_actions[3]{};  // what the signals did before the run: put back after it
   int signal_count = 0;
+  uv_signal_t sigchld{};
+  bool reaping = false;  // spec().reap_orphans: a child subreaper that reaps what it adopts
+  int own_sid = 0;
+  std::map<int, std::uint64_t> reported;  // escaped processes the guard was told about
   uv_async_t async{};
   std::atomic<int> cancel_signal{0};
   std::mutex async_mutex;  // guards async_ready: cancel() may race the loop's start and end
@@ -304,6 +324,112 @@ struct Supervisor::Impl {
     });
   }
 
+  // ---- what left the ranks' groups --------------------------------------------------------
+  //
+  // Everything a rank starts stays in its process group unless it leaves: a new session
+  // (start_new_session=True), a daemon's fork-setsid-fork. Those are found through /proc
+  // (proc_tree.hpp): below the ranks in the process tree, below the orphans this host adopted
+  // as child subreaper, and by the run's AIRHOST_RUN_ID in their environment.
+
+  // Pids of the processes libuv spawned on this loop (ranks, the guard): libuv reaps those.
+  std::set<int> libuv_children() {
+    std::set<int> pids;
+    uv_walk(&loop, [](uv_handle_t* h, void* arg) {
+      if (h->type == UV_PROCESS) static_cast<std::set<int>*>(arg)->insert(reinterpret_cast<uv_process_t*>(h)->pid);
+    }, &pids);
+    return pids;
+  }
+
+  // Children of this process that it adopted as subreaper: not libuv's, and not of its own
+  // session (its own helpers, the MLflow one, are waited for by their owners and never
+  // leave the session; every rank starts a session of its own).
+  std::vector<ProcStat> adopted(const std::vector<ProcStat>& all, const std::set<int>& libuv) const {
+    std::vector<ProcStat> out;
+    const int self = static_cast<int>(::getpid());
+    for (const auto& p : all)
+      if (p.ppid == self && p.sid != own_sid && !libuv.count(p.pid)) out.push_back(p);
+    return out;
+  }
+
+  // The run's processes, for proc_tree.hpp; `env`: with the environment scan (reads every
+  // process's environ: for the teardown and the end, not for the periodic sweep).
+  RunMatch run_match(bool env) {
+    RunMatch m;
+    for (auto& r : ranks)
+      if (r->report.pid > 0 && !r->exited) m.roots.insert(r->report.pid);
+    if (reaping)
+      for (const auto& p : adopted(list_processes(), libuv_children())) m.roots.insert(p.pid);
+    m.known = reported;
+    if (env) m.env_entry = "AIRHOST_RUN_ID=" + plan.context.run_id;
+    m.exclude.insert(static_cast<int>(::getpid()));
+    if (guard.pid() > 0) m.exclude.insert(guard.pid());
+    return m;
+  }
+
+  // Process groups of the ranks still running: what kill(-pgid) already reaches.
+  std::set<int> rank_groups() const {
+    std::set<int> groups;
+    for (auto& r : ranks)
+      if (r->report.pid > 0 && !r->exited) groups.insert(r->report.pid);
+    return groups;
+  }
+
+  // Forwards a teardown signal to what left the ranks' groups (the groups have it already:
+  // a second SIGINT would mean "now" to some programs).
+  void signal_escaped(int sig) {
+    const auto groups = rank_groups();
+    for (const auto& p : match_run(list_processes(), run_match(true)))
+      if (!groups.count(p.pgid)) ::kill(p.pid, sig);
+  }
+
+  // Every process of the run, SIGKILLed (stopped first, so none forks its way out).
+  void kill_escaped() { kill_run(run_match(true)); }
+
+  // Reaps the zombies among the adopted children. Never waits for a pid of libuv's (its
+  // SIGCHLD handler does) nor for any other child: waitpid on each adopted pid, one by one.
+  void reap_adopted() {
+    if (!reaping) return;
+    siginfo_t info{};
+    // Cheap first look: is any child a zombie at all?
+    if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) < 0 || info.si_pid == 0) return;
+    for (const auto& p : adopted(list_processes(), libuv_children()))
+      if (p.state == 'Z') ::waitpid(p.pid, nullptr, WNOHANG);
+  }
+
+  // Once a second: tells the guard which processes left the ranks' groups (so that it can
+  // end them should this host be SIGKILLed, even if they cleared their environment), and
+  // reaps what a missed SIGCHLD left.
+  void sweep() {
+    reap_adopted();
+    if (guard.pid() <= 0) return;
+    const auto groups = rank_groups();
+    std::map<int, std::uint64_t> now;
+    for (const auto& p : match_run(list_processes(), run_match(false)))
+      if (!groups.count(p.pgid)) now[p.pid] = p.start;
+    for (const auto& [pid, start] : now)
+      if (auto it = reported.find(pid); it == reported.end() || it->second != start) guard.add_process(pid, start);
+    for (const auto& [pid, start] : reported)
+      if (!now.count(pid)) guard.remove_process(pid);
+    reported = std::move(now);
+  }
+
+  // After the loop: the processes killed at the end were adopted by this host; wait (a
+  // little) for them to die and reap them, so none is left a zombie.
+  void reap_after_run() {
+    if (!reaping) return;
+    kill_escaped();  // adopted since the last look (nothing, as a rule)
+    const double deadline = now_seconds() + kReapSeconds;
+    for (;;) {
+      bool alive = false;
+      for (const auto& p : adopted(list_processes(), {})) {
+        if (p.state == 'Z') ::waitpid(p.pid, nullptr, WNOHANG);
+        else alive = true;
+      }
+      if (!alive || now_seconds() > deadline) return;
+      ::usleep(10000);
+    }
+  }
+
   // ---- processes -----------------------------------------------------------------------
 
   void start_rank(Rank& r) {
@@ -367,6 +493,12 @@ struct Supervisor::Impl {
       plan.callbacks->on_rank_event({RankEvent::Kind::exited, r.report.rank, r.report.pid, r.report.exit_code, sig});
 
     if (!ok && !r.signalled) begin_teardown(Outcome::failed, SIGTERM);
+    // The last rank is gone: so goes whatever of the run still runs outside the ranks'
+    // groups (a server started in a new session, a daemon), before the pipes it may hold
+    // keep the run waiting.
+    bool any_running = false;
+    for (auto& other : ranks) any_running |= other->report.state == RankState::running;
+    if (!any_running) kill_escaped();
 
     uv_timer_init(&loop, &r.drain);
     r.drain.data = &r;
@@ -386,6 +518,9 @@ struct Supervisor::Impl {
       r->signalled = true;
       ::kill(-r->report.pid, sig);
     }
+    // And what left the groups: the same signal, or for SIGKILL all of the run at once.
+    if (sig == SIGKILL) kill_escaped();
+    else signal_escaped(sig);
   }
 
   void begin_teardown(Outcome reason, int sig) {
@@ -418,7 +553,22 @@ struct Supervisor::Impl {
     finishing = true;
     uv_close(as_handle(&timeout_timer), nullptr);
     uv_close(as_handle(&grace_timer), nullptr);
-    for (int i = 0; i < signal_count; ++i) uv_close(as_handle(&signals[i]), nullptr);
+    uv_close(as_handle(&sweep_timer), nullptr);
+    if (reaping) uv_close(as_handle(&sigchld), nullptr);
+    if (signal_count) {
+      // libuv leaves a signal it stops watching at SIG_DFL; what the program had before the
+      // run is put back instead (the CLI's handler: as PID 1 a signal at SIG_DFL would be
+      // lost). Blocked meanwhile, so that none arrives in between.
+      sigset_t block, old;
+      sigemptyset(&block);
+      for (int sig : kHandledSignals) sigaddset(&block, sig);
+      ::pthread_sigmask(SIG_BLOCK, &block, &old);
+      for (int i = 0; i < signal_count; ++i) {
+        uv_close(as_handle(&signals[i]), nullptr);
+        ::sigaction(kHandledSignals[i], &saved_actions[i], nullptr);
+      }
+      ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    }
     {
       std::lock_guard lock(async_mutex);
       async_ready = false;
@@ -517,7 +667,8 @@ struct Supervisor::Impl {
     }
 
     if (spec().handle_signals) {
-      for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+      for (int sig : kHandledSignals) {
+        ::sigaction(sig, nullptr, &saved_actions[signal_count]);
         auto& h = signals[signal_count++];
         uv_signal_init(&loop, &h);
         h.data = this;
@@ -526,6 +677,24 @@ struct Supervisor::Impl {
         }, sig);
       }
     }
+
+    // A child subreaper (as a container's PID 1 is anyway): what a rank starts and leaves
+    // behind (a daemon whose parent exited) becomes this process's child instead of init's,
+    // stays in reach of the teardown, and is reaped here, not left a zombie.
+    reaping = spec().reap_orphans;
+    own_sid = static_cast<int>(::getsid(0));
+    uv_timer_init(&loop, &sweep_timer);
+    sweep_timer.data = this;
+    if (reaping) {
+      ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+      // A second SIGCHLD watcher beside libuv's own: libuv waits for its children by pid,
+      // this one for the adopted ones by pid (reap_adopted), so neither steals the other's.
+      uv_signal_init(&loop, &sigchld);
+      sigchld.data = this;
+      uv_signal_start(&sigchld, [](uv_signal_t* s, int) { static_cast<Impl*>(s->data)->reap_adopted(); }, SIGCHLD);
+      reap_adopted();  // what arrived before this run (a restart's previous attempt)
+    }
+    uv_timer_start(&sweep_timer, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->sweep(); }, kSweepMs, kSweepMs);
 
     // Should this process die by SIGKILL, the guard ends what the ranks started. It gets the
     // caller's environment (what airhost-rank needs to load: LD_LIBRARY_PATH, say) and the
@@ -581,6 +750,7 @@ struct Supervisor::Impl {
     maybe_finish();  // nothing started at all (every spawn failed)
 
     uv_run(&loop, UV_RUN_DEFAULT);
+    reap_after_run();
     uv_loop_close(&loop);
     return report();
   }

@@ -18,10 +18,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <set>
 #include <string>
 
 #include "interpreter.hpp"
+#include "proc_tree.hpp"
 #include "rank_module.hpp"
 
 namespace {
@@ -37,10 +39,13 @@ void die_with_host() {
 }
 
 // The run's group guard: it learns each rank's process group from the host ("+PGID\n" when
-// the rank starts, "-PGID\n" once it has exited and its group was ended) on stdin, and if
-// the host dies first (stdin reaches EOF, or the parent-death signal), it SIGKILLs every
-// group still listed, so that what the ranks started (servers, subprocesses, workers that
-// never look at their parent) dies with them. The host ends the guard when the run ends.
+// the rank starts, "-PGID\n" once it has exited and its group was ended) on stdin, and the
+// processes of the run that left those groups ("pPID START\n", "qPID\n" once gone). If the
+// host dies first (stdin reaches EOF, or the parent-death signal), it ends all of them, and
+// every process whose environment holds the run's AIRHOST_RUN_ID, with whatever is below
+// them: servers, subprocesses, workers and daemons that never look at their parent die with
+// the run (host/group_guard.hpp). "x\n" means the run ended normally: nothing to end. The
+// host ends the guard when the run ends.
 int run_guard() {
   const pid_t host = ::getppid();
   sigset_t term;
@@ -51,8 +56,10 @@ int run_guard() {
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   const int sfd = ::signalfd(-1, &term, SFD_CLOEXEC);
   std::set<long> groups;
+  std::map<int, std::uint64_t> escaped;
+  bool done = false;
   std::string pending;
-  while (::getppid() == host) {  // checked first too: the host may have died before prctl
+  while (!done && ::getppid() == host) {  // checked first too: the host may have died before prctl
     pollfd fds[2] = {{STDIN_FILENO, POLLIN, 0}, {sfd, POLLIN, 0}};
     if (::poll(fds, sfd >= 0 ? 2 : 1, sfd >= 0 ? -1 : 1000) < 0 && errno != EINTR) break;
     if (sfd >= 0 && (fds[1].revents & POLLIN)) {
@@ -60,19 +67,32 @@ int run_guard() {
       [[maybe_unused]] const ssize_t n = ::read(sfd, &info, sizeof info);
     }
     if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-      char buf[512];
+      char buf[4096];
       const ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;  // EOF: the host is gone (or done, with no group left listed)
+      if (n <= 0) break;  // EOF: the host is gone
       pending.append(buf, static_cast<size_t>(n));
       for (size_t nl; (nl = pending.find('\n')) != std::string::npos; pending.erase(0, nl + 1)) {
-        const long pgid = std::atol(pending.c_str() + 1);
-        if (pgid <= 1) continue;
-        if (pending[0] == '+') groups.insert(pgid);
-        if (pending[0] == '-') groups.erase(pgid);
+        const char op = pending[0];
+        char* end = nullptr;
+        const long id = std::strtol(pending.c_str() + 1, &end, 10);
+        if (op == 'x') done = true;
+        if (id <= 1) continue;
+        if (op == '+') groups.insert(id);
+        if (op == '-') groups.erase(id);
+        if (op == 'p') escaped[static_cast<int>(id)] = std::strtoull(end, nullptr, 10);
+        if (op == 'q') escaped.erase(static_cast<int>(id));
       }
     }
   }
+  if (done) return 0;
+  airhost::detail::RunMatch run;
+  for (const auto& p : airhost::detail::list_processes())
+    if (groups.count(p.pgid)) run.roots.insert(p.pid);
+  run.known = escaped;
+  if (const char* id = std::getenv("AIRHOST_RUN_ID"); id && *id) run.env_entry = std::string("AIRHOST_RUN_ID=") + id;
+  run.exclude.insert(static_cast<int>(::getpid()));
+  airhost::detail::kill_run(run);
   for (long pgid : groups) ::kill(static_cast<pid_t>(-pgid), SIGKILL);
   return 0;
 }
@@ -107,8 +127,11 @@ int main(int argc, char** argv) {
   if (const char* fd = std::getenv("AIRHOST_CONTROL_FD")) {
     int cfd = std::atoi(fd);
     // Keep the channel out of processes the user's code execs; forked children
-    // (DataLoader workers) still hold it, which is harmless.
-    if (::fcntl(cfd, F_SETFD, FD_CLOEXEC) == 0) airhost::rank::control_fd = cfd;
+    // (DataLoader workers, daemons) still hold it, but never write to it (control_pid).
+    if (::fcntl(cfd, F_SETFD, FD_CLOEXEC) == 0) {
+      airhost::rank::control_fd = cfd;
+      airhost::rank::control_pid = ::getpid();
+    }
   }
 
   airhost::rank::RankArgs args;

@@ -22,6 +22,7 @@ using airhost::detail::FrameKind;
 namespace airhost::rank {
 
 int control_fd = -1;
+int control_pid = -1;
 
 namespace {
 
@@ -39,6 +40,8 @@ void write_all(std::string_view data) {
 // Header and payload are written separately, so a 1 GB result is never copied again.
 void send(FrameKind kind, std::string_view payload) {
   if (control_fd < 0) throw std::runtime_error("this process is not an airhost rank (no control channel)");
+  if (::getpid() != control_pid)
+    throw std::runtime_error("this process was forked from an airhost rank; only the rank itself talks to the host");
   const std::string header = detail::encode_frame_header(static_cast<std::uint16_t>(kind), payload.size());
   py::gil_scoped_release release;  // other threads run while a big payload drains
   write_all(header);
@@ -106,11 +109,14 @@ PYBIND11_EMBEDDED_MODULE(_airhost_rank, m) {
           send(static_cast<FrameKind>(kind), view(payload));
         },
         "Send a raw frame of any kind (for extensions of the protocol).");
-  m.def("connected", []() { return control_fd >= 0; });
+  m.def("connected", []() { return control_fd >= 0 && ::getpid() == control_pid; });
   m.attr("version") = AIRHOST_VERSION;
   // For the warm server (runtime/warm.py) and the ranks it forks.
   m.def("set_control_fd", [](int fd) {
-          if (::fcntl(fd, F_SETFD, FD_CLOEXEC) == 0) control_fd = fd;  // as rank_main does
+          if (::fcntl(fd, F_SETFD, FD_CLOEXEC) == 0) {  // as rank_main does
+            control_fd = fd;
+            control_pid = ::getpid();
+          }
         },
         "Adopt `fd` as this rank's control channel.");
   m.def("clearenv", []() { ::clearenv(); }, "Empty the C environment (os.environ is rebuilt after).");

@@ -13,6 +13,10 @@ if [ "${AIRHOST_SETUP_TEST_DEPS:-0}" = 1 ]; then build_pkgs+=(slurm-wlm munge ip
 for pkg in "${build_pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
+# The tests run airhost as PID 1 of a pid namespace with util-linux's unshare (a container's
+# entrypoint without a container engine); util-linux is essential on Debian, but not on every
+# slim image.
+if [ "${AIRHOST_SETUP_TEST_DEPS:-0}" = 1 ] && ! command -v unshare >/dev/null; then need_pkgs+=(util-linux); fi
 # cmake and python3-venv may come from elsewhere (pip, pyenv): only ask apt when missing.
 command -v cmake >/dev/null && need_pkgs=("${need_pkgs[@]/cmake}")
 python3 -c "import venv, ensurepip" 2>/dev/null && need_pkgs=("${need_pkgs[@]/python3-venv}")

@@ -75,6 +75,14 @@ struct LaunchSpec {
   bool handle_signals = false;            // tear down on SIGINT/SIGTERM/SIGHUP to this process and
                                           // forward them to the ranks (the CLI does; an embedding
                                           // program usually calls Launcher::cancel() instead)
+  bool reap_orphans = false;              // make this process a child subreaper
+                                          // (PR_SET_CHILD_SUBREAPER, left set) and reap the
+                                          // orphans of the run it adopts, so that what a rank
+                                          // leaves behind stays in reach and is never a zombie
+                                          // (the CLI does; it then reaps every child not of
+                                          // its own session that libuv did not spawn, so a
+                                          // program that has children of its own in other
+                                          // sessions should leave it off)
 };
 
 // Where a run directory goes when LaunchSpec::run_dir is empty:
