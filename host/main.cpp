@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "accelerators.hpp"
+#include "gpu/accelerators.hpp"
 #include "airhost/airhost.hpp"
 #include "cli.hpp"
-#include "doctor.hpp"
+#include "gpu/doctor.hpp"
 #include "report_format.hpp"
 #include "run_dir.hpp"
 #include "tracking.hpp"

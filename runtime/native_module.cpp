@@ -17,7 +17,7 @@
 #include <system_error>
 #include <thread>
 
-#include "accelerators.hpp"
+#include "gpu/accelerators.hpp"
 #include "airhost/airhost.hpp"
 #include "config.hpp"
 #include "run_dir.hpp"

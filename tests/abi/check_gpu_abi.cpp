@@ -1,4 +1,4 @@
-// check_gpu_abi.cpp — airhost's hand-written NVIDIA declarations (host/gpu_abi.hpp) against
+// check_gpu_abi.cpp — airhost's hand-written NVIDIA declarations (host/gpu/nvidia_api.hpp) against
 // NVIDIA's own headers, and against NVIDIA's own CUDA runtime and NCCL libraries.
 //
 // Built into the doctest suite when CMake is given AIRHOST_GPU_SDK, a folder holding
@@ -10,7 +10,7 @@
 //
 // Our header comes first, so that its incomplete handle structs (nvmlDevice_st, ...) are
 // ours, and so that its constants are read before NVIDIA's macros of the same names exist.
-#include "gpu_abi.hpp"
+#include "gpu/nvidia_api.hpp"
 
 namespace ours = airhost::detail::gpu_abi;
 
@@ -40,7 +40,7 @@ constexpr std::size_t our_unique_id_bytes = ours::NCCL_UNIQUE_ID_BYTES;
 #include <doctest/doctest.h>
 
 #include "abi_compat.hpp"
-#include "doctor.hpp"
+#include "gpu/doctor.hpp"
 #include "support.hpp"
 
 namespace {
@@ -48,12 +48,12 @@ namespace {
 #define AIRHOST_STR2(x) #x
 #define AIRHOST_STR(x) AIRHOST_STR2(x)
 
-// NAME's pointer type in gpu_abi.hpp agrees with the header's declaration of NAME, and a call
+// NAME's pointer type in nvidia_api.hpp agrees with the header's declaration of NAME, and a call
 // of NAME compiled against the header binds the symbol NAME itself (no macro renames it to a
 // newer version that airhost's dlsym would not look up).
 #define CHECK_ENTRY(name)                                                                       \
   static_assert(airhost::test::same_function_abi<ours::fn::name, decltype(&::name)>::value,                   \
-                "gpu_abi.hpp declares " #name " differently from NVIDIA's header");            \
+                "nvidia_api.hpp declares " #name " differently from NVIDIA's header");            \
   static_assert(std::string_view(AIRHOST_STR(name)) == #name,                                  \
                 "NVIDIA's header maps " #name " to another symbol; look that one up instead")
 
@@ -62,7 +62,7 @@ namespace {
 // declaration, and only compiles if the header declares NAME with exactly that type.
 #define CHECK_C_ENTRY(name, theirs)                                                             \
   static_assert(airhost::test::same_function_abi<ours::fn::name, decltype(static_cast<theirs>(&::name))>::value, \
-                "gpu_abi.hpp declares " #name " differently from NVIDIA's header");            \
+                "nvidia_api.hpp declares " #name " differently from NVIDIA's header");            \
   static_assert(std::string_view(AIRHOST_STR(name)) == #name,                                  \
                 "NVIDIA's header maps " #name " to another symbol; look that one up instead")
 

@@ -1,4 +1,4 @@
-// gpu_abi.hpp — the part of NVIDIA's C APIs that airhost calls, written out by hand.
+// nvidia_api.hpp — the part of NVIDIA's C APIs that airhost calls, written out by hand.
 //
 // airhost opens NVML (accelerators.cpp), the CUDA runtime, NCCL and cuBLAS (doctor.cpp)
 // with dlopen, so the same binary builds and starts where none of them exists. What it

@@ -3,9 +3,9 @@
 //
 // NVML is opened at run time, never linked: the same airhost binary must start on CPU-only
 // nodes, where libnvidia-ml.so.1 does not exist. The few NVML declarations needed are
-// written out in gpu_abi.hpp (checked against NVIDIA's nvml.h by tests/abi), so no header
+// written out in nvidia_api.hpp (checked against NVIDIA's nvml.h by tests/abi), so no header
 // is needed at build time.
-#include "accelerators.hpp"
+#include "gpu/accelerators.hpp"
 
 #include <dlfcn.h>
 
@@ -21,7 +21,7 @@
 #include <toml++/toml.h>
 
 #include "config.hpp"
-#include "gpu_abi.hpp"
+#include "gpu/nvidia_api.hpp"
 
 namespace airhost::detail {
 

@@ -2,10 +2,10 @@
 //
 // Like accelerators.cpp for NVML, nothing of CUDA is linked or needed at build time: the
 // CUDA runtime, NCCL and cuBLAS are opened with dlopen, and the few declarations used are
-// written out in gpu_abi.hpp (checked against NVIDIA's headers by tests/abi).
+// written out in nvidia_api.hpp (checked against NVIDIA's headers by tests/abi).
 // The libraries are never closed again: the CUDA runtime and NCCL register exit handlers
 // and threads that must not outlive their code.
-#include "doctor.hpp"
+#include "gpu/doctor.hpp"
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -28,9 +28,9 @@
 #include <optional>
 #include <set>
 
-#include "accelerators.hpp"
+#include "gpu/accelerators.hpp"
 #include "airhost/exit_code.hpp"
-#include "gpu_abi.hpp"
+#include "gpu/nvidia_api.hpp"
 #include "util.hpp"
 
 namespace airhost::detail {
@@ -953,8 +953,8 @@ std::string find_accelerators_toml() {
     candidates.push_back(prefix + "/lib/python" AIRHOST_PYTHON_VERSION "/site-packages/airhost/configs/accelerators.toml");
 #endif
   }
-  // The source tree this file was compiled from (a build tree's binary).
-  candidates.push_back(dirname_of(dirname_of(__FILE__)) + "/configs/accelerators.toml");
+  // The source tree this file (host/gpu/) was compiled from (a build tree's binary).
+  candidates.push_back(dirname_of(dirname_of(dirname_of(__FILE__))) + "/configs/accelerators.toml");
   for (const auto& c : candidates) {
     std::error_code ec;
     if (std::filesystem::is_regular_file(c, ec)) return c;
