@@ -27,21 +27,12 @@ namespace airhost::detail {
 
 namespace {
 
-using namespace gpu_abi;
+using namespace nvidia;
 
 constexpr const char* kDefaultNvml = "libnvidia-ml.so.1";
 
-struct Nvml {
+struct Nvml : NvmlApi {
   void* lib = nullptr;
-  fn::nvmlInit_v2 init = nullptr;
-  fn::nvmlShutdown shutdown = nullptr;
-  fn::nvmlDeviceGetCount_v2 get_count = nullptr;
-  fn::nvmlDeviceGetHandleByIndex_v2 get_handle = nullptr;
-  fn::nvmlDeviceGetName get_name = nullptr;
-  fn::nvmlDeviceGetUUID get_uuid = nullptr;
-  fn::nvmlDeviceGetMemoryInfo get_memory = nullptr;
-  fn::nvmlSystemGetDriverVersion driver_version = nullptr;
-  fn::nvmlErrorString error_string = nullptr;
   bool initialized = false;
 
   Nvml() = default;
@@ -50,22 +41,16 @@ struct Nvml {
   // Unloading matters: tests open different libraries in one process, and a long-lived
   // Python process should not keep the driver's library mapped for one query.
   ~Nvml() {
-    if (initialized && shutdown) shutdown();
+    if (initialized && nvmlShutdown) nvmlShutdown();
     if (lib) dlclose(lib);
   }
 
   std::string describe(nvmlReturn_t rc) const {
-    const char* text = error_string ? error_string(rc) : nullptr;
+    const char* text = nvmlErrorString ? nvmlErrorString(rc) : nullptr;
     std::string out = text && *text ? text : "unknown error";
     return out + " (NVML error " + std::to_string(rc) + ")";
   }
 };
-
-template <typename Fn>
-bool resolve(void* lib, const char* symbol, Fn& fn) {
-  fn = reinterpret_cast<Fn>(dlsym(lib, symbol));
-  return fn != nullptr;
-}
 
 std::string trim(std::string_view s) {
   auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
@@ -162,33 +147,13 @@ AcceleratorInventory detect(const char* library, bool library_from_env) {
     return inv;
   }
 
-  // nvmlErrorString first, so the later messages can use it.
-  resolve(nvml.lib, "nvmlErrorString", nvml.error_string);
-  struct Needed {
-    const char* symbol;
-    bool ok;
-  };
-  const Needed needed[] = {
-      {"nvmlInit_v2", resolve(nvml.lib, "nvmlInit_v2", nvml.init)},
-      {"nvmlShutdown", resolve(nvml.lib, "nvmlShutdown", nvml.shutdown)},
-      {"nvmlDeviceGetCount_v2", resolve(nvml.lib, "nvmlDeviceGetCount_v2", nvml.get_count)},
-      {"nvmlDeviceGetHandleByIndex_v2",
-       resolve(nvml.lib, "nvmlDeviceGetHandleByIndex_v2", nvml.get_handle)},
-      {"nvmlDeviceGetName", resolve(nvml.lib, "nvmlDeviceGetName", nvml.get_name)},
-      {"nvmlDeviceGetUUID", resolve(nvml.lib, "nvmlDeviceGetUUID", nvml.get_uuid)},
-      {"nvmlDeviceGetMemoryInfo", resolve(nvml.lib, "nvmlDeviceGetMemoryInfo", nvml.get_memory)},
-      {"nvmlSystemGetDriverVersion",
-       resolve(nvml.lib, "nvmlSystemGetDriverVersion", nvml.driver_version)},
-  };
-  for (const auto& n : needed) {
-    if (!n.ok) {
-      inv.nvml_error = std::string(library) + " lacks " + n.symbol +
-                       ": the NVIDIA driver is too old or the library is not NVML";
-      return inv;
-    }
+  if (const char* missing = resolve(nvml.lib, nvml)) {
+    inv.nvml_error = std::string(library) + " lacks " + missing +
+                     ": the NVIDIA driver is too old or the library is not NVML";
+    return inv;
   }
 
-  nvmlReturn_t rc = nvml.init();
+  nvmlReturn_t rc = nvml.nvmlInit_v2();
   if (rc != NVML_SUCCESS) {
     inv.nvml_error = "NVML did not start: " + nvml.describe(rc) +
                      "; the NVIDIA driver may not be loaded on this node";
@@ -197,7 +162,7 @@ AcceleratorInventory detect(const char* library, bool library_from_env) {
   nvml.initialized = true;
 
   unsigned count = 0;
-  rc = nvml.get_count(&count);
+  rc = nvml.nvmlDeviceGetCount_v2(&count);
   if (rc != NVML_SUCCESS) {
     inv.nvml_error = "NVML could not count the GPUs: " + nvml.describe(rc);
     return inv;
@@ -205,7 +170,7 @@ AcceleratorInventory detect(const char* library, bool library_from_env) {
 
   char buffer[std::max({NVML_DEVICE_NAME_V2_BUFFER_SIZE, NVML_DEVICE_UUID_V2_BUFFER_SIZE,
                         NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE})] = {};
-  if (nvml.driver_version(buffer, sizeof buffer) == NVML_SUCCESS) {
+  if (nvml.nvmlSystemGetDriverVersion(buffer, sizeof buffer) == NVML_SUCCESS) {
     inv.driver_version = std::string(buffer, strnlen(buffer, sizeof buffer));
   }
 
@@ -216,22 +181,22 @@ AcceleratorInventory detect(const char* library, bool library_from_env) {
     GpuInfo gpu;
     gpu.index = static_cast<int>(i);
     nvmlDevice_t handle = nullptr;
-    rc = nvml.get_handle(i, &handle);
+    rc = nvml.nvmlDeviceGetHandleByIndex_v2(i, &handle);
     if (rc != NVML_SUCCESS) {
       gpu.name = "unknown GPU (" + nvml.describe(rc) + ")";
       all.push_back(std::move(gpu));
       continue;
     }
     std::memset(buffer, 0, sizeof buffer);
-    rc = nvml.get_name(handle, buffer, NVML_DEVICE_NAME_V2_BUFFER_SIZE);
+    rc = nvml.nvmlDeviceGetName(handle, buffer, NVML_DEVICE_NAME_V2_BUFFER_SIZE);
     gpu.name = rc == NVML_SUCCESS ? std::string(buffer, strnlen(buffer, sizeof buffer))
                                   : "unknown GPU (" + nvml.describe(rc) + ")";
     std::memset(buffer, 0, sizeof buffer);
-    if (nvml.get_uuid(handle, buffer, NVML_DEVICE_UUID_V2_BUFFER_SIZE) == NVML_SUCCESS) {
+    if (nvml.nvmlDeviceGetUUID(handle, buffer, NVML_DEVICE_UUID_V2_BUFFER_SIZE) == NVML_SUCCESS) {
       gpu.uuid = std::string(buffer, strnlen(buffer, sizeof buffer));
     }
     nvmlMemory_t memory{};
-    if (nvml.get_memory(handle, &memory) == NVML_SUCCESS) gpu.memory_total = memory.total;
+    if (nvml.nvmlDeviceGetMemoryInfo(handle, &memory) == NVML_SUCCESS) gpu.memory_total = memory.total;
     all.push_back(std::move(gpu));
   }
 
@@ -443,16 +408,6 @@ namespace airhost::detail {
 
 namespace {
 
-// What `nvidia-smi topo -m` is made of.
-struct NvmlTopologyCalls {
-  fn::nvmlSystemGetCudaDriverVersion_v2 cuda_driver_version = nullptr;
-  fn::nvmlDeviceGetPciInfo_v3 pci_info = nullptr;
-  fn::nvmlDeviceGetP2PStatus p2p_status = nullptr;
-  fn::nvmlDeviceGetNvLinkState nvlink_state = nullptr;
-  fn::nvmlDeviceGetNvLinkRemotePciInfo_v2 nvlink_remote_pci = nullptr;
-  fn::nvmlDeviceGetTopologyCommonAncestor common_ancestor = nullptr;
-};
-
 const char* pcie_label(int level) {
   switch (level) {
     case NVML_TOPOLOGY_INTERNAL:  // the same board
@@ -490,22 +445,12 @@ GpuTopology detect_topology(const AcceleratorInventory& inv) {
     topo.error = std::string(library) + " could not be loaded: " + (why ? why : "unknown error");
     return topo;
   }
-  resolve(nvml.lib, "nvmlErrorString", nvml.error_string);
-  if (!resolve(nvml.lib, "nvmlInit_v2", nvml.init) ||
-      !resolve(nvml.lib, "nvmlShutdown", nvml.shutdown) ||
-      !resolve(nvml.lib, "nvmlDeviceGetHandleByIndex_v2", nvml.get_handle)) {
+  resolve(nvml.lib, nvml);  // what the topology needs is checked here, the rest is optional
+  if (!nvml.nvmlInit_v2 || !nvml.nvmlShutdown || !nvml.nvmlDeviceGetHandleByIndex_v2) {
     topo.error = std::string(library) + " lacks the NVML device calls";
     return topo;
   }
-  NvmlTopologyCalls calls;
-  resolve(nvml.lib, "nvmlSystemGetCudaDriverVersion_v2", calls.cuda_driver_version);
-  resolve(nvml.lib, "nvmlDeviceGetPciInfo_v3", calls.pci_info);
-  resolve(nvml.lib, "nvmlDeviceGetP2PStatus", calls.p2p_status);
-  resolve(nvml.lib, "nvmlDeviceGetNvLinkState", calls.nvlink_state);
-  resolve(nvml.lib, "nvmlDeviceGetNvLinkRemotePciInfo_v2", calls.nvlink_remote_pci);
-  resolve(nvml.lib, "nvmlDeviceGetTopologyCommonAncestor", calls.common_ancestor);
-
-  nvmlReturn_t rc = nvml.init();
+  nvmlReturn_t rc = nvml.nvmlInit_v2();
   if (rc != NVML_SUCCESS) {
     topo.error = "NVML did not start: " + nvml.describe(rc);
     return topo;
@@ -513,18 +458,18 @@ GpuTopology detect_topology(const AcceleratorInventory& inv) {
   nvml.initialized = true;
 
   int cuda_version = 0;
-  if (calls.cuda_driver_version && calls.cuda_driver_version(&cuda_version) == NVML_SUCCESS) {
+  if (nvml.nvmlSystemGetCudaDriverVersion_v2 && nvml.nvmlSystemGetCudaDriverVersion_v2(&cuda_version) == NVML_SUCCESS) {
     topo.cuda_driver_version = cuda_version_string(cuda_version);
   }
 
   std::vector<nvmlDevice_t> handles(n, nullptr);
   for (size_t i = 0; i < n; ++i) {
-    if (nvml.get_handle(static_cast<unsigned>(inv.gpus[i].index), &handles[i]) != NVML_SUCCESS) {
+    if (nvml.nvmlDeviceGetHandleByIndex_v2(static_cast<unsigned>(inv.gpus[i].index), &handles[i]) != NVML_SUCCESS) {
       handles[i] = nullptr;
       continue;
     }
     nvmlPciInfo_t pci{};
-    if (calls.pci_info && calls.pci_info(handles[i], &pci) == NVML_SUCCESS) {
+    if (nvml.nvmlDeviceGetPciInfo_v3 && nvml.nvmlDeviceGetPciInfo_v3(handles[i], &pci) == NVML_SUCCESS) {
       topo.pci_bus_ids[i] = std::string(pci.busId, strnlen(pci.busId, sizeof pci.busId));
     }
   }
@@ -533,16 +478,16 @@ GpuTopology detect_topology(const AcceleratorInventory& inv) {
   std::vector<int> active(n, 0);
   std::vector<std::vector<std::string>> remote(n);
   for (size_t i = 0; i < n; ++i) {
-    if (!handles[i] || !calls.nvlink_state) continue;
+    if (!handles[i] || !nvml.nvmlDeviceGetNvLinkState) continue;
     for (unsigned link = 0; link < NVML_NVLINK_MAX_LINKS; ++link) {
       int state = 0;
-      if (calls.nvlink_state(handles[i], link, &state) != NVML_SUCCESS ||
+      if (nvml.nvmlDeviceGetNvLinkState(handles[i], link, &state) != NVML_SUCCESS ||
           state != NVML_FEATURE_ENABLED) {
         continue;
       }
       ++active[i];
       nvmlPciInfo_t pci{};
-      if (calls.nvlink_remote_pci && calls.nvlink_remote_pci(handles[i], link, &pci) == NVML_SUCCESS) {
+      if (nvml.nvmlDeviceGetNvLinkRemotePciInfo_v2 && nvml.nvmlDeviceGetNvLinkRemotePciInfo_v2(handles[i], link, &pci) == NVML_SUCCESS) {
         remote[i].emplace_back(pci.busId, strnlen(pci.busId, sizeof pci.busId));
       }
     }
@@ -552,8 +497,8 @@ GpuTopology detect_topology(const AcceleratorInventory& inv) {
     for (size_t j = 0; j < n; ++j) {
       if (i == j || !handles[i] || !handles[j]) continue;
       int p2p = -1;
-      const bool nvlink = calls.p2p_status &&
-                          calls.p2p_status(handles[i], handles[j], NVML_P2P_CAPS_INDEX_NVLINK,
+      const bool nvlink = nvml.nvmlDeviceGetP2PStatus &&
+                          nvml.nvmlDeviceGetP2PStatus(handles[i], handles[j], NVML_P2P_CAPS_INDEX_NVLINK,
                                            &p2p) == NVML_SUCCESS &&
                           p2p == NVML_P2P_STATUS_OK;
       if (nvlink) {
@@ -569,8 +514,8 @@ GpuTopology detect_topology(const AcceleratorInventory& inv) {
         continue;
       }
       int level = -1;
-      if (calls.common_ancestor &&
-          calls.common_ancestor(handles[i], handles[j], &level) == NVML_SUCCESS) {
+      if (nvml.nvmlDeviceGetTopologyCommonAncestor &&
+          nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j], &level) == NVML_SUCCESS) {
         topo.links[i][j] = pcie_label(level);
       }
     }

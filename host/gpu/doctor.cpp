@@ -37,64 +37,30 @@ namespace airhost::detail {
 
 namespace {
 
-using namespace gpu_abi;
+using namespace nvidia;
 
-// The entry points each library must have (optional ones say so), resolved by load_*.
-struct Cudart {
-  fn::cudaRuntimeGetVersion runtime_version = nullptr;
-  fn::cudaDriverGetVersion driver_version = nullptr;
-  fn::cudaGetDeviceCount get_device_count = nullptr;
-  fn::cudaSetDevice set_device = nullptr;
-  fn::cudaDeviceGetPCIBusId pci_bus_id = nullptr;  // optional
-  fn::cudaMalloc malloc = nullptr;
-  fn::cudaFree free = nullptr;
-  fn::cudaMemset memset = nullptr;
-  fn::cudaMemcpy memcpy = nullptr;
-  fn::cudaStreamCreate stream_create = nullptr;
-  fn::cudaStreamDestroy stream_destroy = nullptr;
-  fn::cudaStreamSynchronize stream_synchronize = nullptr;
-  fn::cudaEventCreate event_create = nullptr;
-  fn::cudaEventDestroy event_destroy = nullptr;
-  fn::cudaEventRecord event_record = nullptr;
-  fn::cudaEventSynchronize event_synchronize = nullptr;
-  fn::cudaEventElapsedTime event_elapsed = nullptr;
-  fn::cudaDeviceSynchronize device_synchronize = nullptr;
-  fn::cudaGetErrorString error_string = nullptr;
+// The libraries' entry points (nvidia_api.hpp), and what the checks say of their errors.
+struct Cudart : CudartApi {
   int runtime = 0;  // its version, as cudaRuntimeGetVersion gives it (12040 for 12.4)
 
   std::string describe(cudaError_t rc) const {
-    const char* text = error_string ? error_string(rc) : nullptr;
+    const char* text = cudaGetErrorString ? cudaGetErrorString(rc) : nullptr;
     return std::string(text && *text ? text : "unknown error") + " (CUDA error " + std::to_string(rc) + ")";
   }
 };
 
-struct Nccl {
-  fn::ncclGetVersion get_version = nullptr;
-  fn::ncclGetErrorString error_string = nullptr;
-  fn::ncclGetLastError last_error = nullptr;  // optional: NCCL >= 2.13
-  fn::ncclCommInitAll comm_init_all = nullptr;
-  fn::ncclCommDestroy comm_destroy = nullptr;
-  fn::ncclCommAbort comm_abort = nullptr;  // optional: after an error
-  fn::ncclGroupStart group_start = nullptr;
-  fn::ncclGroupEnd group_end = nullptr;
-  fn::ncclAllReduce all_reduce = nullptr;
-
+struct Nccl : NcclApi {
   std::string describe(ncclResult_t rc) const {
-    const char* text = error_string ? error_string(rc) : nullptr;
+    const char* text = ncclGetErrorString ? ncclGetErrorString(rc) : nullptr;
     std::string out = std::string(text && *text ? text : "unknown error") + " (NCCL error " +
                       std::to_string(rc) + ")";
-    const char* last = last_error ? last_error(nullptr) : nullptr;
+    const char* last = ncclGetLastError ? ncclGetLastError(nullptr) : nullptr;
     if (last && *last) out += ": " + std::string(last);
     return out;
   }
 };
 
-struct Cublas {
-  fn::cublasCreate_v2 create = nullptr;
-  fn::cublasDestroy_v2 destroy = nullptr;
-  fn::cublasGetVersion_v2 get_version = nullptr;  // optional
-  fn::cublasSgemm_v2 sgemm = nullptr;
-};
+using Cublas = CublasApi;
 
 std::string cublas_status(cublasStatus_t s) {
   switch (s) {
@@ -110,12 +76,6 @@ std::string cublas_status(cublasStatus_t s) {
 }
 
 // --- Loading --------------------------------------------------------------------------------
-
-template <typename Fn>
-bool resolve(void* lib, const char* symbol, Fn& fn) {
-  fn = reinterpret_cast<Fn>(dlsym(lib, symbol));
-  return fn != nullptr;
-}
 
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string format(const char* fmt, ...) {
@@ -297,30 +257,30 @@ struct CudaScope {
   CudaScope& operator=(const CudaScope&) = delete;
   ~CudaScope() {
     for (auto& [d, e] : events) {
-      cuda.set_device(d);
-      cuda.event_destroy(e);
+      cuda.cudaSetDevice(d);
+      cuda.cudaEventDestroy(e);
     }
     for (auto& [d, s] : streams) {
-      cuda.set_device(d);
-      cuda.stream_destroy(s);
+      cuda.cudaSetDevice(d);
+      cuda.cudaStreamDestroy(s);
     }
     for (auto& [d, p] : buffers) {
-      cuda.set_device(d);
-      cuda.free(p);
+      cuda.cudaSetDevice(d);
+      cuda.cudaFree(p);
     }
   }
   cudaError_t alloc(int device, void** p, size_t bytes) {
-    cudaError_t rc = cuda.malloc(p, bytes);
+    cudaError_t rc = cuda.cudaMalloc(p, bytes);
     if (rc == cudaSuccess) buffers.emplace_back(device, *p);
     return rc;
   }
   cudaError_t stream(int device, cudaStream_t* s) {
-    cudaError_t rc = cuda.stream_create(s);
+    cudaError_t rc = cuda.cudaStreamCreate(s);
     if (rc == cudaSuccess) streams.emplace_back(device, *s);
     return rc;
   }
   cudaError_t event(int device, cudaEvent_t* e) {
-    cudaError_t rc = cuda.event_create(e);
+    cudaError_t rc = cuda.cudaEventCreate(e);
     if (rc == cudaSuccess) events.emplace_back(device, *e);
     return rc;
   }
@@ -337,9 +297,9 @@ void cuda_ok(const Cudart& cuda, cudaError_t rc, const std::string& what) {
 
 // Milliseconds between two recorded events, after waiting for the second.
 float elapsed_ms(const Cudart& cuda, cudaEvent_t start, cudaEvent_t end, const std::string& where) {
-  cuda_ok(cuda, cuda.event_synchronize(end), where + ": cudaEventSynchronize");
+  cuda_ok(cuda, cuda.cudaEventSynchronize(end), where + ": cudaEventSynchronize");
   float ms = 0;
-  cuda_ok(cuda, cuda.event_elapsed(&ms, start, end), where + ": cudaEventElapsedTime");
+  cuda_ok(cuda, cuda.cudaEventElapsedTime(&ms, start, end), where + ": cudaEventElapsedTime");
   if (!(ms > 0)) ms = 1e-6f;  // a timer too coarse for the work: avoid dividing by zero
   return ms;
 }
@@ -458,40 +418,12 @@ bool load_cudart(LibraryStatus& status, Cudart& cuda) {
                              "wheels bring, or the CUDA toolkit)");
   status = lib.status;
   if (!lib.handle) return false;
-  struct Needed {
-    const char* symbol;
-    bool ok;
-  };
-  void* h = lib.handle;
-  resolve(h, "cudaDeviceGetPCIBusId", cuda.pci_bus_id);
-  const Needed needed[] = {
-      {"cudaRuntimeGetVersion", resolve(h, "cudaRuntimeGetVersion", cuda.runtime_version)},
-      {"cudaDriverGetVersion", resolve(h, "cudaDriverGetVersion", cuda.driver_version)},
-      {"cudaGetDeviceCount", resolve(h, "cudaGetDeviceCount", cuda.get_device_count)},
-      {"cudaSetDevice", resolve(h, "cudaSetDevice", cuda.set_device)},
-      {"cudaMalloc", resolve(h, "cudaMalloc", cuda.malloc)},
-      {"cudaFree", resolve(h, "cudaFree", cuda.free)},
-      {"cudaMemset", resolve(h, "cudaMemset", cuda.memset)},
-      {"cudaMemcpy", resolve(h, "cudaMemcpy", cuda.memcpy)},
-      {"cudaStreamCreate", resolve(h, "cudaStreamCreate", cuda.stream_create)},
-      {"cudaStreamDestroy", resolve(h, "cudaStreamDestroy", cuda.stream_destroy)},
-      {"cudaStreamSynchronize", resolve(h, "cudaStreamSynchronize", cuda.stream_synchronize)},
-      {"cudaEventCreate", resolve(h, "cudaEventCreate", cuda.event_create)},
-      {"cudaEventDestroy", resolve(h, "cudaEventDestroy", cuda.event_destroy)},
-      {"cudaEventRecord", resolve(h, "cudaEventRecord", cuda.event_record)},
-      {"cudaEventSynchronize", resolve(h, "cudaEventSynchronize", cuda.event_synchronize)},
-      {"cudaEventElapsedTime", resolve(h, "cudaEventElapsedTime", cuda.event_elapsed)},
-      {"cudaDeviceSynchronize", resolve(h, "cudaDeviceSynchronize", cuda.device_synchronize)},
-      {"cudaGetErrorString", resolve(h, "cudaGetErrorString", cuda.error_string)},
-  };
-  for (const auto& n : needed) {
-    if (!n.ok) {
-      status.loaded = false;
-      status.error = status.path + " lacks " + n.symbol + ": it is not a CUDA runtime library";
-      return false;
-    }
+  if (const char* missing = resolve(lib.handle, cuda)) {
+    status.loaded = false;
+    status.error = status.path + " lacks " + missing + ": it is not a CUDA runtime library";
+    return false;
   }
-  if (cuda.runtime_version(&cuda.runtime) == cudaSuccess) status.version = cuda_version_string(cuda.runtime);
+  if (cuda.cudaRuntimeGetVersion(&cuda.runtime) == cudaSuccess) status.version = cuda_version_string(cuda.runtime);
   return true;
 }
 
@@ -499,7 +431,7 @@ bool load_cudart(LibraryStatus& status, Cudart& cuda) {
 // error, or that it counts none).
 std::string count_devices(const Cudart& cuda, int& count) {
   count = 0;
-  const cudaError_t rc = cuda.get_device_count(&count);
+  const cudaError_t rc = cuda.cudaGetDeviceCount(&count);
   if (rc != cudaSuccess) {
     count = 0;
     return cuda.describe(rc);
@@ -518,7 +450,7 @@ bool check_cuda_runtime(DoctorReport& r, Cudart& cuda, std::vector<int>& gpu_of_
     std::string msg = "the CUDA runtime " + r.cudart.version + " (" + r.cudart.path +
                       ") sees no GPU although NVML lists " + std::to_string(r.gpus.size()) + ": " + why;
     int driver = 0;
-    if (cuda.driver_version(&driver) == cudaSuccess && driver > 0 && cuda.runtime > driver) {
+    if (cuda.cudaDriverGetVersion(&driver) == cudaSuccess && driver > 0 && cuda.runtime > driver) {
       msg += "; this CUDA runtime needs a driver for CUDA " + cuda_version_string(cuda.runtime) +
              " or newer and the driver supports CUDA " + cuda_version_string(driver) +
              ": update the driver or use an older CUDA runtime";
@@ -533,9 +465,9 @@ bool check_cuda_runtime(DoctorReport& r, Cudart& cuda, std::vector<int>& gpu_of_
   gpu_of_device.assign(static_cast<size_t>(count), -1);
   const int nvml_count = static_cast<int>(r.gpus.size());
   std::vector<bool> taken(r.gpus.size(), false);
-  for (int d = 0; d < count && cuda.pci_bus_id; ++d) {
+  for (int d = 0; d < count && cuda.cudaDeviceGetPCIBusId; ++d) {
     char bus[64] = {};
-    if (cuda.pci_bus_id(bus, sizeof bus, d) != cudaSuccess) continue;
+    if (cuda.cudaDeviceGetPCIBusId(bus, sizeof bus, d) != cudaSuccess) continue;
     for (size_t i = 0; i < r.gpus.size(); ++i) {
       if (!taken[i] && !r.gpus[i].pci_bus_id.empty() && same_pci_device(bus, r.gpus[i].pci_bus_id)) {
         gpu_of_device[d] = static_cast<int>(i);
@@ -571,20 +503,20 @@ void check_memory(DoctorReport& r, const Cudart& cuda, int device, DoctorGpu& g,
   const std::string where = device_label(r, &g, device);
   try {
     CudaScope scope(cuda);
-    cuda_ok(cuda, cuda.set_device(device), "cudaSetDevice(" + std::to_string(device) + ")");
+    cuda_ok(cuda, cuda.cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
     void* buf = nullptr;
     cuda_ok(cuda, scope.alloc(device, &buf, plan.memory_bytes), "cudaMalloc of " + bytes_text(plan.memory_bytes));
     const size_t half = plan.memory_bytes / 2 / 256 * 256;
     char* src = static_cast<char*>(buf);
     char* dst = src + half;
-    cuda_ok(cuda, cuda.memset(src, 0xA5, half), "cudaMemset");
-    cuda_ok(cuda, cuda.memset(dst, 0x00, half), "cudaMemset");
-    cuda_ok(cuda, cuda.memcpy(dst, src, half, cudaMemcpyDeviceToDevice), "cudaMemcpy device to device");
+    cuda_ok(cuda, cuda.cudaMemset(src, 0xA5, half), "cudaMemset");
+    cuda_ok(cuda, cuda.cudaMemset(dst, 0x00, half), "cudaMemset");
+    cuda_ok(cuda, cuda.cudaMemcpy(dst, src, half, cudaMemcpyDeviceToDevice), "cudaMemcpy device to device");
     // The copy must have carried the bytes: look at its two ends.
     const size_t probe = std::min<size_t>(half, 4096);
     std::vector<unsigned char> host(probe);
     for (size_t offset : {size_t{0}, half - probe}) {
-      cuda_ok(cuda, cuda.memcpy(host.data(), dst + offset, probe, cudaMemcpyDeviceToHost), "cudaMemcpy device to host");
+      cuda_ok(cuda, cuda.cudaMemcpy(host.data(), dst + offset, probe, cudaMemcpyDeviceToHost), "cudaMemcpy device to host");
       if (std::any_of(host.begin(), host.end(), [](unsigned char b) { return b != 0xA5; })) {
         throw CheckFailed("a device-to-device copy did not carry its bytes (memory corruption?)");
       }
@@ -592,11 +524,11 @@ void check_memory(DoctorReport& r, const Cudart& cuda, int device, DoctorGpu& g,
     cudaEvent_t start = nullptr, end = nullptr;
     cuda_ok(cuda, scope.event(device, &start), "cudaEventCreate");
     cuda_ok(cuda, scope.event(device, &end), "cudaEventCreate");
-    cuda_ok(cuda, cuda.event_record(start, nullptr), "cudaEventRecord");
+    cuda_ok(cuda, cuda.cudaEventRecord(start, nullptr), "cudaEventRecord");
     for (int i = 0; i < plan.copy_iters; ++i) {
-      cuda_ok(cuda, cuda.memcpy(dst, src, half, cudaMemcpyDeviceToDevice), "cudaMemcpy device to device");
+      cuda_ok(cuda, cuda.cudaMemcpy(dst, src, half, cudaMemcpyDeviceToDevice), "cudaMemcpy device to device");
     }
-    cuda_ok(cuda, cuda.event_record(end, nullptr), "cudaEventRecord");
+    cuda_ok(cuda, cuda.cudaEventRecord(end, nullptr), "cudaEventRecord");
     const float ms = elapsed_ms(cuda, start, end, "the copy timing");
     g.copy_gbps = 2.0 * static_cast<double>(half) * plan.copy_iters / (ms / 1e3) / 1e9;
     g.memory_ok = true;
@@ -612,7 +544,7 @@ void check_gemm(DoctorReport& r, const Cudart& cuda, const Cublas& blas, int dev
   cublasHandle_t handle = nullptr;
   try {
     CudaScope scope(cuda);
-    cuda_ok(cuda, cuda.set_device(device), "cudaSetDevice(" + std::to_string(device) + ")");
+    cuda_ok(cuda, cuda.cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
     const int n = plan.gemm_n;
     const size_t bytes = static_cast<size_t>(n) * n * sizeof(float);
     void *a = nullptr, *b = nullptr, *c = nullptr;
@@ -620,20 +552,20 @@ void check_gemm(DoctorReport& r, const Cudart& cuda, const Cublas& blas, int dev
     cuda_ok(cuda, scope.alloc(device, &b, bytes), "cudaMalloc of the SGEMM matrices");
     cuda_ok(cuda, scope.alloc(device, &c, bytes), "cudaMalloc of the SGEMM matrices");
     const unsigned char byte = 0x3C;  // every element 0.0115: no denormals, no overflow
-    cuda_ok(cuda, cuda.memset(a, byte, bytes), "cudaMemset");
-    cuda_ok(cuda, cuda.memset(b, byte, bytes), "cudaMemset");
-    cuda_ok(cuda, cuda.memset(c, 0, bytes), "cudaMemset");
-    if (cublasStatus_t s = blas.create(&handle); s != CUBLAS_STATUS_SUCCESS) {
+    cuda_ok(cuda, cuda.cudaMemset(a, byte, bytes), "cudaMemset");
+    cuda_ok(cuda, cuda.cudaMemset(b, byte, bytes), "cudaMemset");
+    cuda_ok(cuda, cuda.cudaMemset(c, 0, bytes), "cudaMemset");
+    if (cublasStatus_t s = blas.cublasCreate_v2(&handle); s != CUBLAS_STATUS_SUCCESS) {
       handle = nullptr;
       throw CheckFailed("cublasCreate failed: " + cublas_status(s));
     }
-    if (r.cublas.version.empty() && blas.get_version) {
+    if (r.cublas.version.empty() && blas.cublasGetVersion_v2) {
       int v = 0;
-      if (blas.get_version(handle, &v) == CUBLAS_STATUS_SUCCESS) r.cublas.version = library_version(v);
+      if (blas.cublasGetVersion_v2(handle, &v) == CUBLAS_STATUS_SUCCESS) r.cublas.version = library_version(v);
     }
     const float alpha = 1.0f, beta = 0.0f;
     auto gemm = [&] {
-      cublasStatus_t s = blas.sgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, static_cast<float*>(a), n,
+      cublasStatus_t s = blas.cublasSgemm_v2(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, static_cast<float*>(a), n,
                                     static_cast<float*>(b), n, &beta, static_cast<float*>(c), n);
       if (s != CUBLAS_STATUS_SUCCESS) throw CheckFailed("cublasSgemm failed: " + cublas_status(s));
     };
@@ -641,16 +573,16 @@ void check_gemm(DoctorReport& r, const Cudart& cuda, const Cublas& blas, int dev
     cudaEvent_t start = nullptr, end = nullptr;
     cuda_ok(cuda, scope.event(device, &start), "cudaEventCreate");
     cuda_ok(cuda, scope.event(device, &end), "cudaEventCreate");
-    cuda_ok(cuda, cuda.event_record(start, nullptr), "cudaEventRecord");
+    cuda_ok(cuda, cuda.cudaEventRecord(start, nullptr), "cudaEventRecord");
     for (int i = 0; i < plan.gemm_iters; ++i) gemm();
-    cuda_ok(cuda, cuda.event_record(end, nullptr), "cudaEventRecord");
+    cuda_ok(cuda, cuda.cudaEventRecord(end, nullptr), "cudaEventRecord");
     const float ms = elapsed_ms(cuda, start, end, "the SGEMM timing");
     // Every element of C is n * x * x.
     const double x = float_of_byte(byte);
     const double expected = n * x * x;
     for (size_t at : {size_t{0}, static_cast<size_t>(n) * n - 1}) {
       float value = 0;
-      cuda_ok(cuda, cuda.memcpy(&value, static_cast<float*>(c) + at, sizeof value, cudaMemcpyDeviceToHost),
+      cuda_ok(cuda, cuda.cudaMemcpy(&value, static_cast<float*>(c) + at, sizeof value, cudaMemcpyDeviceToHost),
               "cudaMemcpy device to host");
       if (!close_to(value, expected, 1e-2)) {
         throw CheckFailed(format("SGEMM computed %g where %g was expected", value, expected));
@@ -662,7 +594,7 @@ void check_gemm(DoctorReport& r, const Cudart& cuda, const Cublas& blas, int dev
     g.gemm_error = e.what();
     r.problems.push_back(where + ": compute check: " + g.gemm_error);
   }
-  if (handle) blas.destroy(handle);
+  if (handle) blas.cublasDestroy_v2(handle);
 }
 
 // Opens cuBLAS and resolves the SGEMM calls; fills `status`, false when unusable.
@@ -674,13 +606,11 @@ bool load_cublas(LibraryStatus& status, Cublas& blas) {
                              "bring, or the CUDA toolkit)");
   status = lib.status;
   if (!lib.handle) return false;
-  if (!resolve(lib.handle, "cublasCreate_v2", blas.create) || !resolve(lib.handle, "cublasDestroy_v2", blas.destroy) ||
-      !resolve(lib.handle, "cublasSgemm_v2", blas.sgemm)) {
+  if (resolve(lib.handle, blas)) {
     status.loaded = false;
     status.error = status.path + " lacks cublasCreate_v2, cublasDestroy_v2 or cublasSgemm_v2";
     return false;
   }
-  resolve(lib.handle, "cublasGetVersion_v2", blas.get_version);
   return true;
 }
 
@@ -699,20 +629,14 @@ bool load_nccl(LibraryStatus& status, Nccl& nccl) {
                              "bring, or the libnccl2 package)");
   status = lib.status;
   if (!lib.handle) return false;
-  void* h = lib.handle;
-  resolve(h, "ncclGetLastError", nccl.last_error);
-  resolve(h, "ncclCommAbort", nccl.comm_abort);
-  if (!resolve(h, "ncclGetVersion", nccl.get_version) || !resolve(h, "ncclGetErrorString", nccl.error_string) ||
-      !resolve(h, "ncclCommInitAll", nccl.comm_init_all) || !resolve(h, "ncclCommDestroy", nccl.comm_destroy) ||
-      !resolve(h, "ncclGroupStart", nccl.group_start) || !resolve(h, "ncclGroupEnd", nccl.group_end) ||
-      !resolve(h, "ncclAllReduce", nccl.all_reduce)) {
+  if (resolve(lib.handle, nccl)) {
     status.loaded = false;
     status.error = status.path + " lacks an NCCL call airhost needs (ncclCommInitAll, ncclAllReduce, ...): "
                    "it is not NCCL 2";
     return false;
   }
   int v = 0;
-  if (nccl.get_version(&v) == ncclSuccess) status.version = library_version(v);
+  if (nccl.ncclGetVersion(&v) == ncclSuccess) status.version = library_version(v);
   return true;
 }
 
@@ -763,10 +687,10 @@ void check_allreduce(DoctorReport& r, const Cudart& cuda, const Nccl& nccl, cons
       if (std::uncaught_exceptions() > 0) failed = true;  // a check failed mid-way
       for (auto c : comms) {
         if (!c) continue;
-        if (failed && nccl.comm_abort) {
-          nccl.comm_abort(c);
+        if (failed && nccl.ncclCommAbort) {
+          nccl.ncclCommAbort(c);
         } else {
-          nccl.comm_destroy(c);
+          nccl.ncclCommDestroy(c);
         }
       }
     }
@@ -781,24 +705,24 @@ void check_allreduce(DoctorReport& r, const Cudart& cuda, const Nccl& nccl, cons
     double expected = 0;
     for (int d = 0; d < n; ++d) {
       const std::string where = "GPU cuda:" + std::to_string(d);
-      cuda_ok(cuda, cuda.set_device(d), where + ": cudaSetDevice");
+      cuda_ok(cuda, cuda.cudaSetDevice(d), where + ": cudaSetDevice");
       void* p = nullptr;
       cuda_ok(cuda, scope.alloc(d, &p, max_bytes), where + ": cudaMalloc of the all-reduce input (" + bytes_text(max_bytes) + ")");
       send[d] = static_cast<float*>(p);
       cuda_ok(cuda, scope.alloc(d, &p, max_bytes), where + ": cudaMalloc of the all-reduce output (" + bytes_text(max_bytes) + ")");
       recv[d] = static_cast<float*>(p);
-      cuda_ok(cuda, cuda.memset(send[d], pattern_byte(d), max_bytes), where + ": cudaMemset");
-      cuda_ok(cuda, cuda.memset(recv[d], 0, max_bytes), where + ": cudaMemset");
+      cuda_ok(cuda, cuda.cudaMemset(send[d], pattern_byte(d), max_bytes), where + ": cudaMemset");
+      cuda_ok(cuda, cuda.cudaMemset(recv[d], 0, max_bytes), where + ": cudaMemset");
       cuda_ok(cuda, scope.stream(d, &streams[d]), where + ": cudaStreamCreate");
       cuda_ok(cuda, scope.event(d, &starts[d]), where + ": cudaEventCreate");
       cuda_ok(cuda, scope.event(d, &ends[d]), where + ": cudaEventCreate");
       expected += float_of_byte(pattern_byte(d));
     }
-    cuda_ok(cuda, cuda.set_device(0), "cudaSetDevice(0)");
+    cuda_ok(cuda, cuda.cudaSetDevice(0), "cudaSetDevice(0)");
 
     std::vector<int> devlist(static_cast<size_t>(n));
     for (int d = 0; d < n; ++d) devlist[d] = d;
-    if (ncclResult_t rc = nccl.comm_init_all(comms.data(), n, devlist.data()); rc != ncclSuccess) {
+    if (ncclResult_t rc = nccl.ncclCommInitAll(comms.data(), n, devlist.data()); rc != ncclSuccess) {
       comms.assign(comms.size(), nullptr);
       throw CheckFailed("NCCL could not start on " + std::to_string(n) + " GPU(s): ncclCommInitAll: " +
                         nccl.describe(rc) + debug_hint(nccl.describe(rc)));
@@ -810,11 +734,11 @@ void check_allreduce(DoctorReport& r, const Cudart& cuda, const Nccl& nccl, cons
       const size_t count = std::max<size_t>(1, bytes_asked / sizeof(float));
       const size_t bytes = count * sizeof(float);
       auto all_reduce = [&](const char* phase) {
-        ncclResult_t rc = nccl.group_start();
+        ncclResult_t rc = nccl.ncclGroupStart();
         for (int d = 0; d < n && rc == ncclSuccess; ++d) {
-          rc = nccl.all_reduce(send[d], recv[d], count, ncclFloat32, ncclSum, comms[d], streams[d]);
+          rc = nccl.ncclAllReduce(send[d], recv[d], count, ncclFloat32, ncclSum, comms[d], streams[d]);
         }
-        ncclResult_t end_rc = nccl.group_end();
+        ncclResult_t end_rc = nccl.ncclGroupEnd();
         if (rc == ncclSuccess) rc = end_rc;
         if (rc != ncclSuccess) {
           communicators.failed = true;
@@ -824,17 +748,17 @@ void check_allreduce(DoctorReport& r, const Cudart& cuda, const Nccl& nccl, cons
       };
       for (int i = 0; i < plan.warmup; ++i) all_reduce("warm-up");
       for (int d = 0; d < n; ++d) {
-        cuda_ok(cuda, cuda.set_device(d), "cudaSetDevice");
-        cuda_ok(cuda, cuda.event_record(starts[d], streams[d]), "cudaEventRecord");
+        cuda_ok(cuda, cuda.cudaSetDevice(d), "cudaSetDevice");
+        cuda_ok(cuda, cuda.cudaEventRecord(starts[d], streams[d]), "cudaEventRecord");
       }
       for (int i = 0; i < plan.iters; ++i) all_reduce("timed");
       for (int d = 0; d < n; ++d) {
-        cuda_ok(cuda, cuda.set_device(d), "cudaSetDevice");
-        cuda_ok(cuda, cuda.event_record(ends[d], streams[d]), "cudaEventRecord");
+        cuda_ok(cuda, cuda.cudaSetDevice(d), "cudaSetDevice");
+        cuda_ok(cuda, cuda.cudaEventRecord(ends[d], streams[d]), "cudaEventRecord");
       }
       float ms = 0;
       for (int d = 0; d < n; ++d) {
-        cuda_ok(cuda, cuda.set_device(d), "cudaSetDevice");
+        cuda_ok(cuda, cuda.cudaSetDevice(d), "cudaSetDevice");
         ms = std::max(ms, elapsed_ms(cuda, starts[d], ends[d], "the all-reduce timing"));
       }
 
@@ -843,10 +767,10 @@ void check_allreduce(DoctorReport& r, const Cudart& cuda, const Nccl& nccl, cons
       const size_t probe = std::min<size_t>(count, 256);
       std::vector<float> host(probe);
       for (int d = 0; d < n; ++d) {
-        cuda_ok(cuda, cuda.set_device(d), "cudaSetDevice");
-        cuda_ok(cuda, cuda.stream_synchronize(streams[d]), "cudaStreamSynchronize");
+        cuda_ok(cuda, cuda.cudaSetDevice(d), "cudaSetDevice");
+        cuda_ok(cuda, cuda.cudaStreamSynchronize(streams[d]), "cudaStreamSynchronize");
         for (size_t offset : {size_t{0}, count - probe}) {
-          cuda_ok(cuda, cuda.memcpy(host.data(), recv[d] + offset, probe * sizeof(float), cudaMemcpyDeviceToHost),
+          cuda_ok(cuda, cuda.cudaMemcpy(host.data(), recv[d] + offset, probe * sizeof(float), cudaMemcpyDeviceToHost),
                   "cudaMemcpy device to host");
           for (float v : host) row.wrong += close_to(v, expected, 1e-4) ? 0 : 1;
           if (offset == count - probe && probe == count) break;  // both ends are the same
@@ -868,8 +792,8 @@ void check_allreduce(DoctorReport& r, const Cudart& cuda, const Nccl& nccl, cons
     r.allreduce_ran = true;
     if (!r.allreduce.empty()) r.avg_busbw_gbps = busbw_sum / static_cast<double>(r.allreduce.size());
     for (int d = 0; d < n; ++d) {
-      cuda.set_device(d);
-      cuda.stream_synchronize(streams[d]);
+      cuda.cudaSetDevice(d);
+      cuda.cudaStreamSynchronize(streams[d]);
     }
   } catch (const CheckFailed& e) {
     r.problems.push_back(e.what());

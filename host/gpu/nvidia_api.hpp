@@ -1,10 +1,11 @@
 // nvidia_api.hpp — the part of NVIDIA's C APIs that airhost calls, written out by hand.
 //
-// airhost opens NVML (accelerators.cpp), the CUDA runtime, NCCL and cuBLAS (doctor.cpp)
-// with dlopen, so the same binary builds and starts where none of them exists. What it
-// needs of their headers is here instead: the types, the constants, and one function
-// pointer type per entry point, named after the exact symbol looked up with dlsym (the
-// versioned one where the header maps a name to it: nvmlInit → nvmlInit_v2).
+// airhost opens NVML, the CUDA runtime, NCCL and cuBLAS with dlopen, so the same binary
+// builds and starts where none of them exists. What it needs of their headers is here
+// instead: the types, the constants, and each library's entry points, listed once in an
+// X-macro (AIRHOST_NVML_FUNCTIONS, ... below) from which come the function pointer types
+// (fn::<symbol>), the tables of pointers (NvmlApi, ...), their lookup with dlsym (resolve,
+// nvidia_api.cpp) and the checks against NVIDIA's headers and libraries (tests/abi).
 //
 // Nothing here may drift from NVIDIA's headers. tests/abi/check_gpu_abi.cpp includes this
 // file and nvml.h, cuda_runtime_api.h, nccl.h and cublas_api.h together and checks with
@@ -17,7 +18,7 @@
 
 #include <cstddef>
 
-namespace airhost::detail::gpu_abi {
+namespace airhost::detail::nvidia {
 
 // --- NVML (nvml.h) ------------------------------------------------------------------------
 
@@ -95,64 +96,105 @@ constexpr cublasStatus_t CUBLAS_STATUS_INTERNAL_ERROR = 14;
 constexpr cublasStatus_t CUBLAS_STATUS_NOT_SUPPORTED = 15;
 constexpr int CUBLAS_OP_N = 0;  // cublasOperation_t
 
-// --- The entry points: one pointer type per symbol airhost looks up ------------------------
+// --- The entry points ---------------------------------------------------------------------
+//
+// X(symbol, need, return type, (parameter types)), once per entry point airhost calls:
+// `symbol` is the exact name dlsym looks up (the versioned one where the header maps a name
+// to it: nvmlInit → nvmlInit_v2), `need` says whether a library lacking it is unusable
+// (required) or only loses what it is for (optional). For NVML, `need` is what the GPU
+// inventory needs (accelerators.cpp); the topology calls after it are all optional.
+// Adding a row is all it takes to declare, resolve and check one more entry point.
 
+#define AIRHOST_NVML_FUNCTIONS(X)                                                                         \
+  X(nvmlInit_v2, required, nvmlReturn_t, ())                                                              \
+  X(nvmlShutdown, required, nvmlReturn_t, ())                                                             \
+  X(nvmlErrorString, optional, const char*, (nvmlReturn_t))                                               \
+  X(nvmlDeviceGetCount_v2, required, nvmlReturn_t, (unsigned*))                                           \
+  X(nvmlDeviceGetHandleByIndex_v2, required, nvmlReturn_t, (unsigned, nvmlDevice_t*))                     \
+  X(nvmlDeviceGetName, required, nvmlReturn_t, (nvmlDevice_t, char*, unsigned))                           \
+  X(nvmlDeviceGetUUID, required, nvmlReturn_t, (nvmlDevice_t, char*, unsigned))                           \
+  X(nvmlDeviceGetMemoryInfo, required, nvmlReturn_t, (nvmlDevice_t, nvmlMemory_t*))                       \
+  X(nvmlSystemGetDriverVersion, required, nvmlReturn_t, (char*, unsigned))                                \
+  X(nvmlSystemGetCudaDriverVersion_v2, optional, nvmlReturn_t, (int*))                                    \
+  X(nvmlDeviceGetPciInfo_v3, optional, nvmlReturn_t, (nvmlDevice_t, nvmlPciInfo_t*))                      \
+  X(nvmlDeviceGetP2PStatus, optional, nvmlReturn_t, (nvmlDevice_t, nvmlDevice_t, int, int*))              \
+  X(nvmlDeviceGetNvLinkState, optional, nvmlReturn_t, (nvmlDevice_t, unsigned, int*))                     \
+  X(nvmlDeviceGetNvLinkRemotePciInfo_v2, optional, nvmlReturn_t, (nvmlDevice_t, unsigned, nvmlPciInfo_t*)) \
+  X(nvmlDeviceGetTopologyCommonAncestor, optional, nvmlReturn_t, (nvmlDevice_t, nvmlDevice_t, int*))
+
+#define AIRHOST_CUDART_FUNCTIONS(X)                                                          \
+  X(cudaRuntimeGetVersion, required, cudaError_t, (int*))                                    \
+  X(cudaDriverGetVersion, required, cudaError_t, (int*))                                     \
+  X(cudaGetDeviceCount, required, cudaError_t, (int*))                                       \
+  X(cudaSetDevice, required, cudaError_t, (int))                                             \
+  X(cudaDeviceGetPCIBusId, optional, cudaError_t, (char*, int, int))                         \
+  X(cudaMalloc, required, cudaError_t, (void**, std::size_t))                                \
+  X(cudaFree, required, cudaError_t, (void*))                                                \
+  X(cudaMemset, required, cudaError_t, (void*, int, std::size_t))                            \
+  X(cudaMemcpy, required, cudaError_t, (void*, const void*, std::size_t, int))               \
+  X(cudaStreamCreate, required, cudaError_t, (cudaStream_t*))                                \
+  X(cudaStreamDestroy, required, cudaError_t, (cudaStream_t))                                \
+  X(cudaStreamSynchronize, required, cudaError_t, (cudaStream_t))                            \
+  X(cudaEventCreate, required, cudaError_t, (cudaEvent_t*))                                  \
+  X(cudaEventDestroy, required, cudaError_t, (cudaEvent_t))                                  \
+  X(cudaEventRecord, required, cudaError_t, (cudaEvent_t, cudaStream_t))                     \
+  X(cudaEventSynchronize, required, cudaError_t, (cudaEvent_t))                              \
+  X(cudaEventElapsedTime, required, cudaError_t, (float*, cudaEvent_t, cudaEvent_t))         \
+  X(cudaDeviceSynchronize, required, cudaError_t, ())                                        \
+  X(cudaGetErrorString, required, const char*, (cudaError_t))
+
+#define AIRHOST_NCCL_FUNCTIONS(X)                                                                            \
+  X(ncclGetVersion, required, ncclResult_t, (int*))                                                          \
+  X(ncclGetErrorString, required, const char*, (ncclResult_t))                                               \
+  X(ncclGetLastError, optional, const char*, (ncclComm_t)) /* NCCL >= 2.13 */                                \
+  X(ncclCommInitAll, required, ncclResult_t, (ncclComm_t*, int, const int*))                                 \
+  X(ncclCommDestroy, required, ncclResult_t, (ncclComm_t))                                                   \
+  X(ncclCommAbort, optional, ncclResult_t, (ncclComm_t)) /* after an error; else destroyed */                \
+  X(ncclGroupStart, required, ncclResult_t, ())                                                              \
+  X(ncclGroupEnd, required, ncclResult_t, ())                                                                \
+  X(ncclAllReduce, required, ncclResult_t, (const void*, void*, std::size_t, int, int, ncclComm_t, cudaStream_t))
+
+#define AIRHOST_CUBLAS_FUNCTIONS(X)                                                                    \
+  X(cublasCreate_v2, required, cublasStatus_t, (cublasHandle_t*))                                      \
+  X(cublasDestroy_v2, required, cublasStatus_t, (cublasHandle_t))                                      \
+  X(cublasGetVersion_v2, optional, cublasStatus_t, (cublasHandle_t, int*))                             \
+  X(cublasSgemm_v2, required, cublasStatus_t,                                                          \
+    (cublasHandle_t, int, int, int, int, int, const float*, const float*, int, const float*, int,     \
+     const float*, float*, int))
+
+// fn::<symbol>: the pointer type of each entry point.
 namespace fn {
-// NVML
-using nvmlInit_v2 = nvmlReturn_t (*)();
-using nvmlShutdown = nvmlReturn_t (*)();
-using nvmlErrorString = const char* (*)(nvmlReturn_t);
-using nvmlDeviceGetCount_v2 = nvmlReturn_t (*)(unsigned*);
-using nvmlDeviceGetHandleByIndex_v2 = nvmlReturn_t (*)(unsigned, nvmlDevice_t*);
-using nvmlDeviceGetName = nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned);
-using nvmlDeviceGetUUID = nvmlReturn_t (*)(nvmlDevice_t, char*, unsigned);
-using nvmlDeviceGetMemoryInfo = nvmlReturn_t (*)(nvmlDevice_t, nvmlMemory_t*);
-using nvmlSystemGetDriverVersion = nvmlReturn_t (*)(char*, unsigned);
-using nvmlSystemGetCudaDriverVersion_v2 = nvmlReturn_t (*)(int*);
-using nvmlDeviceGetPciInfo_v3 = nvmlReturn_t (*)(nvmlDevice_t, nvmlPciInfo_t*);
-using nvmlDeviceGetP2PStatus = nvmlReturn_t (*)(nvmlDevice_t, nvmlDevice_t, int, int*);
-using nvmlDeviceGetNvLinkState = nvmlReturn_t (*)(nvmlDevice_t, unsigned, int*);
-using nvmlDeviceGetNvLinkRemotePciInfo_v2 = nvmlReturn_t (*)(nvmlDevice_t, unsigned, nvmlPciInfo_t*);
-using nvmlDeviceGetTopologyCommonAncestor = nvmlReturn_t (*)(nvmlDevice_t, nvmlDevice_t, int*);
-
-// The CUDA runtime
-using cudaRuntimeGetVersion = cudaError_t (*)(int*);
-using cudaDriverGetVersion = cudaError_t (*)(int*);
-using cudaGetDeviceCount = cudaError_t (*)(int*);
-using cudaSetDevice = cudaError_t (*)(int);
-using cudaDeviceGetPCIBusId = cudaError_t (*)(char*, int, int);
-using cudaMalloc = cudaError_t (*)(void**, std::size_t);
-using cudaFree = cudaError_t (*)(void*);
-using cudaMemset = cudaError_t (*)(void*, int, std::size_t);
-using cudaMemcpy = cudaError_t (*)(void*, const void*, std::size_t, int);
-using cudaStreamCreate = cudaError_t (*)(cudaStream_t*);
-using cudaStreamDestroy = cudaError_t (*)(cudaStream_t);
-using cudaStreamSynchronize = cudaError_t (*)(cudaStream_t);
-using cudaEventCreate = cudaError_t (*)(cudaEvent_t*);
-using cudaEventDestroy = cudaError_t (*)(cudaEvent_t);
-using cudaEventRecord = cudaError_t (*)(cudaEvent_t, cudaStream_t);
-using cudaEventSynchronize = cudaError_t (*)(cudaEvent_t);
-using cudaEventElapsedTime = cudaError_t (*)(float*, cudaEvent_t, cudaEvent_t);
-using cudaDeviceSynchronize = cudaError_t (*)();
-using cudaGetErrorString = const char* (*)(cudaError_t);
-
-// NCCL
-using ncclGetVersion = ncclResult_t (*)(int*);
-using ncclGetErrorString = const char* (*)(ncclResult_t);
-using ncclGetLastError = const char* (*)(ncclComm_t);
-using ncclCommInitAll = ncclResult_t (*)(ncclComm_t*, int, const int*);
-using ncclCommDestroy = ncclResult_t (*)(ncclComm_t);
-using ncclCommAbort = ncclResult_t (*)(ncclComm_t);
-using ncclGroupStart = ncclResult_t (*)();
-using ncclGroupEnd = ncclResult_t (*)();
-using ncclAllReduce = ncclResult_t (*)(const void*, void*, std::size_t, int, int, ncclComm_t, cudaStream_t);
-
-// cuBLAS
-using cublasCreate_v2 = cublasStatus_t (*)(cublasHandle_t*);
-using cublasDestroy_v2 = cublasStatus_t (*)(cublasHandle_t);
-using cublasGetVersion_v2 = cublasStatus_t (*)(cublasHandle_t, int*);
-using cublasSgemm_v2 = cublasStatus_t (*)(cublasHandle_t, int, int, int, int, int, const float*, const float*, int,
-                                          const float*, int, const float*, float*, int);
+#define AIRHOST_NVIDIA_POINTER_TYPE(symbol, need, R, params) using symbol = R(*) params;
+AIRHOST_NVML_FUNCTIONS(AIRHOST_NVIDIA_POINTER_TYPE)
+AIRHOST_CUDART_FUNCTIONS(AIRHOST_NVIDIA_POINTER_TYPE)
+AIRHOST_NCCL_FUNCTIONS(AIRHOST_NVIDIA_POINTER_TYPE)
+AIRHOST_CUBLAS_FUNCTIONS(AIRHOST_NVIDIA_POINTER_TYPE)
+#undef AIRHOST_NVIDIA_POINTER_TYPE
 }  // namespace fn
 
-}  // namespace airhost::detail::gpu_abi
+// One library's entry points, each member named after its symbol (api.cudaMalloc(...)):
+// null until resolve() finds it.
+#define AIRHOST_NVIDIA_MEMBER(symbol, need, R, params) fn::symbol symbol = nullptr;
+struct NvmlApi {
+  AIRHOST_NVML_FUNCTIONS(AIRHOST_NVIDIA_MEMBER)
+};
+struct CudartApi {
+  AIRHOST_CUDART_FUNCTIONS(AIRHOST_NVIDIA_MEMBER)
+};
+struct NcclApi {
+  AIRHOST_NCCL_FUNCTIONS(AIRHOST_NVIDIA_MEMBER)
+};
+struct CublasApi {
+  AIRHOST_CUBLAS_FUNCTIONS(AIRHOST_NVIDIA_MEMBER)
+};
+#undef AIRHOST_NVIDIA_MEMBER
+
+// Looks every entry point of `api` up in `lib` (a dlopen handle) with dlsym. Returns the
+// first required one, in the list's order, that the library lacks; nullptr when it has them
+// all. Optional ones it lacks stay null.
+const char* resolve(void* lib, NvmlApi& api);
+const char* resolve(void* lib, CudartApi& api);
+const char* resolve(void* lib, NcclApi& api);
+const char* resolve(void* lib, CublasApi& api);
+
+}  // namespace airhost::detail::nvidia

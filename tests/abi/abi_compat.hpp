@@ -116,5 +116,5 @@ static_assert(!same_function_abi<int (*)(three_words), int (*)(three_words*)>::v
 // NAME, defined or declared in this translation unit, takes the calls nvidia_api.hpp's pointer
 // type for NAME makes.
 #define AIRHOST_CHECK_AGAINST_GPU_ABI(name)                                                                \
-  static_assert(::airhost::test::same_function_abi<::airhost::detail::gpu_abi::fn::name, decltype(&::name)>::value, \
+  static_assert(::airhost::test::same_function_abi<::airhost::detail::nvidia::fn::name, decltype(&::name)>::value, \
                 #name " here differs from its declaration in host/gpu/nvidia_api.hpp")
