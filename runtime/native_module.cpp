@@ -17,6 +17,7 @@
 #include <system_error>
 #include <thread>
 
+#include "gpu/accelerator_types.hpp"
 #include "gpu/accelerators.hpp"
 #include "airhost/airhost.hpp"
 #include "config.hpp"

@@ -1,5 +1,5 @@
-// accelerators.cpp — GPU inventory through NVML loaded with dlopen, and the accelerator
-// type table.
+// accelerators.cpp — the GPUs of this node through NVML loaded with dlopen, narrowed by
+// CUDA_VISIBLE_DEVICES as CUDA narrows them, and the GPUs handed to ranks.
 //
 // NVML is opened at run time, never linked: the same airhost binary must start on CPU-only
 // nodes, where libnvidia-ml.so.1 does not exist. The few NVML declarations needed are
@@ -7,50 +7,20 @@
 // is needed at build time.
 #include "gpu/accelerators.hpp"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <map>
 #include <set>
-#include <sstream>
-
-#include <toml++/toml.h>
 
 #include "config.hpp"
-#include "gpu/nvidia_api.hpp"
+#include "gpu/nvml.hpp"
 
 namespace airhost::detail {
 
 namespace {
 
 using namespace nvidia;
-
-constexpr const char* kDefaultNvml = "libnvidia-ml.so.1";
-
-struct Nvml : NvmlApi {
-  void* lib = nullptr;
-  bool initialized = false;
-
-  Nvml() = default;
-  Nvml(const Nvml&) = delete;
-  Nvml& operator=(const Nvml&) = delete;
-  // Unloading matters: tests open different libraries in one process, and a long-lived
-  // Python process should not keep the driver's library mapped for one query.
-  ~Nvml() {
-    if (initialized && nvmlShutdown) nvmlShutdown();
-    if (lib) dlclose(lib);
-  }
-
-  std::string describe(nvmlReturn_t rc) const {
-    const char* text = nvmlErrorString ? nvmlErrorString(rc) : nullptr;
-    std::string out = text && *text ? text : "unknown error";
-    return out + " (NVML error " + std::to_string(rc) + ")";
-  }
-};
 
 std::string trim(std::string_view s) {
   auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
@@ -206,7 +176,6 @@ AcceleratorInventory detect(const char* library, bool library_from_env) {
   inv.gpus = cvd ? apply_cuda_visible_devices(all, cvd, inv.nvml_error) : std::move(all);
   return inv;
 }
-
 // "2 x NVIDIA H100 80GB HBM3, 1 x NVIDIA A10": a node's GPUs in a sentence.
 std::string describe_gpus(const std::vector<GpuInfo>& gpus) {
   std::vector<std::pair<std::string, int>> groups;
@@ -227,42 +196,13 @@ std::string describe_gpus(const std::vector<GpuInfo>& gpus) {
   return out;
 }
 
-// --- accelerators.toml --------------------------------------------------------------------
-
-std::string where(const std::string& path, const toml::source_region& region) {
-  return path + ":" + std::to_string(region.begin.line) + ":" +
-         std::to_string(region.begin.column) + ": ";
-}
-
-// Upper-cased tokens of an NVML name or a `match` entry: split at spaces and '-', the two
-// separators NVML names use ("NVIDIA A100-SXM4-80GB").
-std::vector<std::string> name_tokens(std::string_view text) {
-  std::vector<std::string> tokens;
-  std::string current;
-  for (char c : text) {
-    if (c == '-' || std::isspace(static_cast<unsigned char>(c))) {
-      if (!current.empty()) tokens.push_back(std::move(current));
-      current.clear();
-    } else {
-      current += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    }
-  }
-  if (!current.empty()) tokens.push_back(std::move(current));
-  return tokens;
-}
-
-bool tokens_match(const std::vector<std::string>& name, const std::vector<std::string>& pattern) {
-  if (pattern.empty() || pattern.size() > name.size()) return false;
-  return std::search(name.begin(), name.end(), pattern.begin(), pattern.end()) != name.end();
-}
-
 }  // namespace
 
 AcceleratorInventory detect_accelerators() {
   try {
-    const char* from_env = std::getenv("AIRHOST_NVML_LIBRARY");
-    const bool use_env = from_env && *from_env;
-    return detect(use_env ? from_env : kDefaultNvml, use_env);
+    bool from_env = false;
+    const char* library = nvml_library(&from_env);
+    return detect(library, from_env);
   } catch (const std::exception& e) {
     AcceleratorInventory inv;
     inv.nvml_error = std::string("GPU detection failed: ") + e.what();
@@ -297,249 +237,6 @@ std::vector<int> assign_devices(const AcceleratorInventory& inv, int requested) 
   std::vector<int> indices;
   for (int i = 0; i < requested; ++i) indices.push_back(inv.gpus[i].index);
   return indices;
-}
-
-std::vector<AcceleratorType> load_accelerator_types(const std::string& toml_path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(toml_path, ec)) {
-    throw ConfigError("accelerator type table " + toml_path +
-                      " does not exist or is not a file; reinstall airhost");
-  }
-  toml::table root;
-  try {
-    root = toml::parse_file(toml_path);
-  } catch (const toml::parse_error& e) {
-    throw ConfigError(where(toml_path, e.source()) + std::string(e.description()));
-  }
-
-  for (auto&& [key, node] : root) {
-    if (key.str() != "type") {
-      throw ConfigError(where(toml_path, key.source()) + "unknown key '" +
-                        std::string(key.str()) + "'; the file holds only [[type]] tables");
-    }
-  }
-  const toml::array* rows = root["type"].as_array();
-  if (!rows || !rows->is_array_of_tables() || rows->empty()) {
-    throw ConfigError(toml_path + ":1:1: no [[type]] tables; see the format at the top of "
-                      "configs/accelerators.toml");
-  }
-
-  std::vector<AcceleratorType> types;
-  std::set<std::string> names;
-  std::map<std::string, std::vector<std::string>> match_of_gpu;
-  for (const toml::node& row_node : *rows) {
-    const toml::table& row = *row_node.as_table();
-    const std::string at = where(toml_path, row.source());
-    for (auto&& [key, value] : row) {
-      static const std::set<std::string_view> known = {"name", "gpu", "count", "match"};
-      if (!known.count(key.str())) {
-        throw ConfigError(where(toml_path, key.source()) + "unknown key '" +
-                          std::string(key.str()) + "'; a [[type]] has name, gpu, count, match");
-      }
-    }
-    auto text = [&](const char* key) {
-      const toml::node* n = row.get(key);
-      if (!n || !n->is_string() || n->as_string()->get().empty()) {
-        throw ConfigError((n ? where(toml_path, n->source()) : at) + "key '" + key +
-                          "' must be a non-empty string");
-      }
-      return n->as_string()->get();
-    };
-    AcceleratorType t;
-    t.name = text("name");
-    t.gpu = text("gpu");
-    const toml::node* count = row.get("count");
-    if (!count || !count->is_integer() || count->as_integer()->get() < 1 ||
-        count->as_integer()->get() > 1024) {
-      throw ConfigError((count ? where(toml_path, count->source()) : at) + "type '" + t.name +
-                        "': key 'count' must be an integer from 1 to 1024");
-    }
-    t.count = static_cast<int>(count->as_integer()->get());
-    const toml::node* match = row.get("match");
-    const toml::array* match_array = match ? match->as_array() : nullptr;
-    if (!match_array || match_array->empty()) {
-      throw ConfigError((match ? where(toml_path, match->source()) : at) + "type '" + t.name +
-                        "': key 'match' must be a non-empty array of strings");
-    }
-    for (const toml::node& m : *match_array) {
-      if (!m.is_string() || name_tokens(m.as_string()->get()).empty()) {
-        throw ConfigError(where(toml_path, m.source()) + "type '" + t.name +
-                          "': every 'match' entry must be a string with a name token in it");
-      }
-      t.match.push_back(m.as_string()->get());
-    }
-    // The name is what users type; a count or model that disagrees with it would launch
-    // the wrong number of ranks without a word.
-    const std::string expected = "GPU_" + std::to_string(t.count) + "x" + t.gpu;
-    if (t.name != expected) {
-      throw ConfigError(at + "type '" + t.name + "' has gpu = \"" + t.gpu + "\" and count = " +
-                        std::to_string(t.count) + ", so its name must be '" + expected + "'");
-    }
-    if (!names.insert(t.name).second) {
-      throw ConfigError(at + "type '" + t.name + "' is defined twice");
-    }
-    auto [it, inserted] = match_of_gpu.emplace(t.gpu, t.match);
-    if (!inserted && it->second != t.match) {
-      throw ConfigError(at + "type '" + t.name + "': its 'match' differs from that of an "
-                        "earlier type with gpu = \"" + t.gpu + "\"; the same model must match "
-                        "the same names");
-    }
-    types.push_back(std::move(t));
-  }
-  return types;
-}
-
-std::optional<std::string> gpu_model_of(const std::vector<AcceleratorType>& types,
-                                        const std::string& nvml_name) {
-  const std::vector<std::string> name = name_tokens(nvml_name);
-  for (const auto& t : types) {
-    for (const auto& m : t.match) {
-      if (tokens_match(name, name_tokens(m))) return t.gpu;
-    }
-  }
-  return std::nullopt;
-}
-
-}  // namespace airhost::detail
-
-// --- Topology, for `airhost doctor` -------------------------------------------------------
-
-namespace airhost::detail {
-
-namespace {
-
-const char* pcie_label(int level) {
-  switch (level) {
-    case NVML_TOPOLOGY_INTERNAL:  // the same board
-    case NVML_TOPOLOGY_SINGLE: return "PIX";
-    case NVML_TOPOLOGY_MULTIPLE: return "PXB";
-    case NVML_TOPOLOGY_HOSTBRIDGE: return "PHB";
-    case NVML_TOPOLOGY_NODE: return "NODE";
-    case NVML_TOPOLOGY_SYSTEM: return "SYS";
-    default: return "?";
-  }
-}
-
-
-}  // namespace
-
-std::string cuda_version_string(int version) {
-  if (version <= 0) return "";
-  return std::to_string(version / 1000) + "." + std::to_string((version % 1000) / 10);
-}
-
-GpuTopology detect_topology(const AcceleratorInventory& inv) {
-  GpuTopology topo;
-  const size_t n = inv.gpus.size();
-  topo.pci_bus_ids.assign(n, "");
-  topo.links.assign(n, std::vector<std::string>(n, "?"));
-  topo.nvlinks.assign(n, std::vector<int>(n, 0));
-  for (size_t i = 0; i < n; ++i) topo.links[i][i] = "X";
-
-  const char* from_env = std::getenv("AIRHOST_NVML_LIBRARY");
-  const char* library = from_env && *from_env ? from_env : kDefaultNvml;
-  Nvml nvml;
-  nvml.lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
-  if (!nvml.lib) {
-    const char* why = dlerror();
-    topo.error = std::string(library) + " could not be loaded: " + (why ? why : "unknown error");
-    return topo;
-  }
-  resolve(nvml.lib, nvml);  // what the topology needs is checked here, the rest is optional
-  if (!nvml.nvmlInit_v2 || !nvml.nvmlShutdown || !nvml.nvmlDeviceGetHandleByIndex_v2) {
-    topo.error = std::string(library) + " lacks the NVML device calls";
-    return topo;
-  }
-  nvmlReturn_t rc = nvml.nvmlInit_v2();
-  if (rc != NVML_SUCCESS) {
-    topo.error = "NVML did not start: " + nvml.describe(rc);
-    return topo;
-  }
-  nvml.initialized = true;
-
-  int cuda_version = 0;
-  if (nvml.nvmlSystemGetCudaDriverVersion_v2 && nvml.nvmlSystemGetCudaDriverVersion_v2(&cuda_version) == NVML_SUCCESS) {
-    topo.cuda_driver_version = cuda_version_string(cuda_version);
-  }
-
-  std::vector<nvmlDevice_t> handles(n, nullptr);
-  for (size_t i = 0; i < n; ++i) {
-    if (nvml.nvmlDeviceGetHandleByIndex_v2(static_cast<unsigned>(inv.gpus[i].index), &handles[i]) != NVML_SUCCESS) {
-      handles[i] = nullptr;
-      continue;
-    }
-    nvmlPciInfo_t pci{};
-    if (nvml.nvmlDeviceGetPciInfo_v3 && nvml.nvmlDeviceGetPciInfo_v3(handles[i], &pci) == NVML_SUCCESS) {
-      topo.pci_bus_ids[i] = std::string(pci.busId, strnlen(pci.busId, sizeof pci.busId));
-    }
-  }
-
-  // Each GPU's active links, and the PCI address at the other end of each when NVML says.
-  std::vector<int> active(n, 0);
-  std::vector<std::vector<std::string>> remote(n);
-  for (size_t i = 0; i < n; ++i) {
-    if (!handles[i] || !nvml.nvmlDeviceGetNvLinkState) continue;
-    for (unsigned link = 0; link < NVML_NVLINK_MAX_LINKS; ++link) {
-      int state = 0;
-      if (nvml.nvmlDeviceGetNvLinkState(handles[i], link, &state) != NVML_SUCCESS ||
-          state != NVML_FEATURE_ENABLED) {
-        continue;
-      }
-      ++active[i];
-      nvmlPciInfo_t pci{};
-      if (nvml.nvmlDeviceGetNvLinkRemotePciInfo_v2 && nvml.nvmlDeviceGetNvLinkRemotePciInfo_v2(handles[i], link, &pci) == NVML_SUCCESS) {
-        remote[i].emplace_back(pci.busId, strnlen(pci.busId, sizeof pci.busId));
-      }
-    }
-  }
-
-  for (size_t i = 0; i < n; ++i) {
-    for (size_t j = 0; j < n; ++j) {
-      if (i == j || !handles[i] || !handles[j]) continue;
-      int p2p = -1;
-      const bool nvlink = nvml.nvmlDeviceGetP2PStatus &&
-                          nvml.nvmlDeviceGetP2PStatus(handles[i], handles[j], NVML_P2P_CAPS_INDEX_NVLINK,
-                                           &p2p) == NVML_SUCCESS &&
-                          p2p == NVML_P2P_STATUS_OK;
-      if (nvlink) {
-        // Links that end at GPU j itself; none means they end at an NVSwitch, through which
-        // every link of the pair reaches the peer (nvidia-smi shows NV18 on an HGX H100).
-        int direct = 0;
-        if (!topo.pci_bus_ids[j].empty()) {
-          for (const auto& r : remote[i]) direct += same_pci_device(r, topo.pci_bus_ids[j]) ? 1 : 0;
-        }
-        const int count = direct > 0 ? direct : std::min(active[i], active[j]);
-        topo.nvlinks[i][j] = count;
-        topo.links[i][j] = count > 0 ? "NV" + std::to_string(count) : "NV?";
-        continue;
-      }
-      int level = -1;
-      if (nvml.nvmlDeviceGetTopologyCommonAncestor &&
-          nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j], &level) == NVML_SUCCESS) {
-        topo.links[i][j] = pcie_label(level);
-      }
-    }
-  }
-  return topo;
-}
-
-// "00000000:3B:00.0" and "0000:3b:00.0" name the same device: compare domain, bus, device
-// and function as numbers.
-bool same_pci_device(const std::string& a, const std::string& b) {
-  auto parse = [](const std::string& s, unsigned long out[4]) {
-    unsigned n = 0;
-    const char* p = s.c_str();
-    while (n < 4 && *p) {
-      char* end = nullptr;
-      out[n++] = std::strtoul(p, &end, 16);
-      if (end == p) return false;
-      p = end;
-      if (*p == ':' || *p == '.') ++p;
-    }
-    return n == 4;
-  };
-  unsigned long x[4], y[4];
-  return parse(a, x) && parse(b, y) && std::equal(x, x + 4, y);
 }
 
 }  // namespace airhost::detail

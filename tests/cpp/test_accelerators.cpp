@@ -14,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "gpu/accelerator_types.hpp"
 #include "gpu/accelerators.hpp"
 #include "config.hpp"
 

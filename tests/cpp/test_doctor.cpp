@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/accelerator_types.hpp"
 #include "gpu/doctor.hpp"
 
 #if !defined(AIRHOST_FAKE_NVML_PATH) || !defined(AIRHOST_FAKE_CUDART_PATH) || \
