@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "accelerators.hpp"
+#include "gpu/accelerators.hpp"
 #include "airhost/airhost.hpp"
 #include "cli.hpp"
 #include "cluster_env.hpp"
-#include "doctor.hpp"
+#include "gpu/doctor.hpp"
 #include "rank_env.hpp"
 #include "report_format.hpp"
 #include "run_dir.hpp"

@@ -17,7 +17,8 @@
 #include <system_error>
 #include <thread>
 
-#include "accelerators.hpp"
+#include "gpu/accelerator_types.hpp"
+#include "gpu/accelerators.hpp"
 #include "airhost/airhost.hpp"
 #include "config.hpp"
 #include "run_dir.hpp"

@@ -2,7 +2,7 @@
 """fetch-gpu-sdk.py — NVIDIA's headers and two of its libraries, for the tests, from PyPI.
 
 airhost opens NVML, the CUDA runtime, NCCL and cuBLAS with dlopen and writes the few
-declarations it calls out by hand (host/gpu_abi.hpp), so nothing of CUDA is needed to build
+declarations it calls out by hand (host/gpu/nvidia_api.hpp), so nothing of CUDA is needed to build
 or run it. The tests check those declarations against NVIDIA's own headers, and drive
 `airhost doctor` with NVIDIA's real CUDA runtime and NCCL on a machine without a GPU. This
 script puts what they need in one folder, from NVIDIA's wheels on PyPI (pinned below):

@@ -1,8 +1,8 @@
 // abi_compat.hpp — when two declarations of one C function agree on its ABI.
 //
-// tests/abi/check_gpu_abi.cpp holds host/gpu_abi.hpp against NVIDIA's headers with it, and
+// tests/abi/check_gpu_abi.cpp holds host/gpu/nvidia_api.hpp against NVIDIA's headers with it, and
 // the fakes in tests/fake_cuda and tests/fake_nvml hold their definitions against
-// gpu_abi.hpp, so the fakes the tests load and NVIDIA's libraries take the same calls.
+// nvidia_api.hpp, so the fakes the tests load and NVIDIA's libraries take the same calls.
 #pragma once
 
 #include <cstddef>
@@ -113,8 +113,8 @@ static_assert(!same_function_abi<int (*)(three_words), int (*)(three_words*)>::v
 
 }  // namespace airhost::test
 
-// NAME, defined or declared in this translation unit, takes the calls gpu_abi.hpp's pointer
+// NAME, defined or declared in this translation unit, takes the calls nvidia_api.hpp's pointer
 // type for NAME makes.
 #define AIRHOST_CHECK_AGAINST_GPU_ABI(name)                                                                \
-  static_assert(::airhost::test::same_function_abi<::airhost::detail::gpu_abi::fn::name, decltype(&::name)>::value, \
-                #name " here differs from its declaration in host/gpu_abi.hpp")
+  static_assert(::airhost::test::same_function_abi<::airhost::detail::nvidia::fn::name, decltype(&::name)>::value, \
+                #name " here differs from its declaration in host/gpu/nvidia_api.hpp")

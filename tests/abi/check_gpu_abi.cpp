@@ -1,4 +1,4 @@
-// check_gpu_abi.cpp — airhost's hand-written NVIDIA declarations (host/gpu_abi.hpp) against
+// check_gpu_abi.cpp — airhost's hand-written NVIDIA declarations (host/gpu/nvidia_api.hpp) against
 // NVIDIA's own headers, and against NVIDIA's own CUDA runtime and NCCL libraries.
 //
 // Built into the doctest suite when CMake is given AIRHOST_GPU_SDK, a folder holding
@@ -10,9 +10,9 @@
 //
 // Our header comes first, so that its incomplete handle structs (nvmlDevice_st, ...) are
 // ours, and so that its constants are read before NVIDIA's macros of the same names exist.
-#include "gpu_abi.hpp"
+#include "gpu/nvidia_api.hpp"
 
-namespace ours = airhost::detail::gpu_abi;
+namespace ours = airhost::detail::nvidia;
 
 namespace {
 // Ours, read before nvml.h and nccl.h define these names as macros.
@@ -25,63 +25,47 @@ constexpr unsigned our_max_links = ours::NVML_NVLINK_MAX_LINKS;
 constexpr std::size_t our_unique_id_bytes = ours::NCCL_UNIQUE_ID_BYTES;
 }  // namespace
 
-#include <cublas_api.h>
-#include <cuda_runtime_api.h>
-#include <dlfcn.h>
-#include <nccl.h>
-#include <nvml.h>
-
 #include <cstddef>
-#include <cstdlib>
-#include <string>
 #include <string_view>
 #include <type_traits>
 
-#include <doctest/doctest.h>
-
 #include "abi_compat.hpp"
-#include "doctor.hpp"
-#include "support.hpp"
-
-namespace {
 
 #define AIRHOST_STR2(x) #x
 #define AIRHOST_STR(x) AIRHOST_STR2(x)
 
-// NAME's pointer type in gpu_abi.hpp agrees with the header's declaration of NAME, and a call
-// of NAME compiled against the header binds the symbol NAME itself (no macro renames it to a
-// newer version that airhost's dlsym would not look up).
-#define CHECK_ENTRY(name)                                                                       \
+// For each row X(NAME, ...) of nvidia_api.hpp's lists: NAME's pointer type there agrees with
+// the header's declaration of NAME, and a call of NAME compiled against the header binds the
+// symbol NAME itself (no macro renames it to a newer version that airhost's dlsym would not
+// look up).
+#define CHECK_ENTRY(name, need, R, params)                                                                      \
   static_assert(airhost::test::same_function_abi<ours::fn::name, decltype(&::name)>::value,                   \
-                "gpu_abi.hpp declares " #name " differently from NVIDIA's header");            \
-  static_assert(std::string_view(AIRHOST_STR(name)) == #name,                                  \
-                "NVIDIA's header maps " #name " to another symbol; look that one up instead")
+                "nvidia_api.hpp declares " #name " differently from NVIDIA's header");                         \
+  static_assert(std::string_view(AIRHOST_STR(name)) == #name,                                                  \
+                "NVIDIA's header maps " #name " to another symbol; look that one up instead");
 
-// The same for a NAME that cuda_runtime.h also overloads with C++ templates (cudaMalloc(T**),
-// ...), where &NAME alone is ambiguous: THEIRS, written with NVIDIA's types, picks the C
-// declaration, and only compiles if the header declares NAME with exactly that type.
-#define CHECK_C_ENTRY(name, theirs)                                                             \
-  static_assert(airhost::test::same_function_abi<ours::fn::name, decltype(static_cast<theirs>(&::name))>::value, \
-                "gpu_abi.hpp declares " #name " differently from NVIDIA's header");            \
-  static_assert(std::string_view(AIRHOST_STR(name)) == #name,                                  \
-                "NVIDIA's header maps " #name " to another symbol; look that one up instead")
+// The CUDA runtime, checked while cuda_runtime_api.h, its C API, is the only CUDA header
+// here: nccl.h includes cuda_runtime.h, whose C++ overloads (template cudaMalloc(T**, ...),
+// cudaEventCreate(cudaEvent_t*, unsigned)) would make &::cudaMalloc ambiguous.
+#include <cuda_runtime_api.h>
+AIRHOST_CUDART_FUNCTIONS(CHECK_ENTRY)
 
-// NVML
-CHECK_ENTRY(nvmlInit_v2);
-CHECK_ENTRY(nvmlShutdown);
-CHECK_ENTRY(nvmlErrorString);
-CHECK_ENTRY(nvmlDeviceGetCount_v2);
-CHECK_ENTRY(nvmlDeviceGetHandleByIndex_v2);
-CHECK_ENTRY(nvmlDeviceGetName);
-CHECK_ENTRY(nvmlDeviceGetUUID);
-CHECK_ENTRY(nvmlDeviceGetMemoryInfo);
-CHECK_ENTRY(nvmlSystemGetDriverVersion);
-CHECK_ENTRY(nvmlSystemGetCudaDriverVersion_v2);
-CHECK_ENTRY(nvmlDeviceGetPciInfo_v3);
-CHECK_ENTRY(nvmlDeviceGetP2PStatus);
-CHECK_ENTRY(nvmlDeviceGetNvLinkState);
-CHECK_ENTRY(nvmlDeviceGetNvLinkRemotePciInfo_v2);
-CHECK_ENTRY(nvmlDeviceGetTopologyCommonAncestor);
+#include <cublas_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
+#include <nvml.h>
+
+#include <cstdlib>
+#include <string>
+
+#include <doctest/doctest.h>
+
+#include "gpu/doctor.hpp"
+#include "support.hpp"
+
+namespace {
+
+AIRHOST_NVML_FUNCTIONS(CHECK_ENTRY)
 // The names programs write map to the versioned symbols airhost looks up.
 static_assert(std::string_view(AIRHOST_STR(nvmlInit)) == "nvmlInit_v2");
 static_assert(std::string_view(AIRHOST_STR(nvmlDeviceGetCount)) == "nvmlDeviceGetCount_v2");
@@ -89,43 +73,8 @@ static_assert(std::string_view(AIRHOST_STR(nvmlDeviceGetHandleByIndex)) == "nvml
 static_assert(std::string_view(AIRHOST_STR(nvmlDeviceGetPciInfo)) == "nvmlDeviceGetPciInfo_v3");
 static_assert(std::string_view(AIRHOST_STR(nvmlDeviceGetNvLinkRemotePciInfo)) == "nvmlDeviceGetNvLinkRemotePciInfo_v2");
 
-// The CUDA runtime
-CHECK_ENTRY(cudaRuntimeGetVersion);
-CHECK_ENTRY(cudaDriverGetVersion);
-CHECK_ENTRY(cudaGetDeviceCount);
-CHECK_ENTRY(cudaSetDevice);
-CHECK_ENTRY(cudaDeviceGetPCIBusId);
-CHECK_C_ENTRY(cudaMalloc, ::cudaError_t (*)(void**, size_t));
-CHECK_ENTRY(cudaFree);
-CHECK_ENTRY(cudaMemset);
-CHECK_ENTRY(cudaMemcpy);
-CHECK_ENTRY(cudaStreamCreate);
-CHECK_ENTRY(cudaStreamDestroy);
-CHECK_ENTRY(cudaStreamSynchronize);
-CHECK_C_ENTRY(cudaEventCreate, ::cudaError_t (*)(::cudaEvent_t*));
-CHECK_ENTRY(cudaEventDestroy);
-CHECK_ENTRY(cudaEventRecord);
-CHECK_ENTRY(cudaEventSynchronize);
-CHECK_ENTRY(cudaEventElapsedTime);
-CHECK_ENTRY(cudaDeviceSynchronize);
-CHECK_ENTRY(cudaGetErrorString);
-
-// NCCL
-CHECK_ENTRY(ncclGetVersion);
-CHECK_ENTRY(ncclGetErrorString);
-CHECK_ENTRY(ncclGetLastError);
-CHECK_ENTRY(ncclCommInitAll);
-CHECK_ENTRY(ncclCommDestroy);
-CHECK_ENTRY(ncclCommAbort);
-CHECK_ENTRY(ncclGroupStart);
-CHECK_ENTRY(ncclGroupEnd);
-CHECK_ENTRY(ncclAllReduce);
-
-// cuBLAS
-CHECK_ENTRY(cublasCreate_v2);
-CHECK_ENTRY(cublasDestroy_v2);
-CHECK_ENTRY(cublasGetVersion_v2);
-CHECK_ENTRY(cublasSgemm_v2);
+AIRHOST_NCCL_FUNCTIONS(CHECK_ENTRY)
+AIRHOST_CUBLAS_FUNCTIONS(CHECK_ENTRY)
 
 // --- Types, constants and struct layouts --------------------------------------------------
 
@@ -194,6 +143,9 @@ static_assert(ours::CUBLAS_OP_N == ::CUBLAS_OP_N);
 
 std::string sdk_lib(const char* name) { return std::string(AIRHOST_GPU_SDK_DIR) + "/lib/" + name; }
 
+// "NAME", for each row X(NAME, ...) of a list: every entry point, optional ones included.
+#define SYMBOL_NAME(name, ...) #name,
+
 template <typename Fn>
 Fn symbol(void* lib, const char* name) {
   return reinterpret_cast<Fn>(dlsym(lib, name));
@@ -211,13 +163,9 @@ constexpr bool kCannotLoadTheWheelsLibraries = true;
 TEST_CASE("gpu abi: NVIDIA's CUDA runtime exports every entry point airhost resolves, and works without a GPU" * doctest::skip(kCannotLoadTheWheelsLibraries)) {
   void* lib = dlopen(sdk_lib("libcudart.so.13").c_str(), RTLD_NOW | RTLD_LOCAL);
   REQUIRE_MESSAGE(lib != nullptr, dlerror());
-  for (const char* name :
-       {"cudaRuntimeGetVersion", "cudaDriverGetVersion", "cudaGetDeviceCount", "cudaSetDevice", "cudaDeviceGetPCIBusId",
-        "cudaMalloc", "cudaFree", "cudaMemset", "cudaMemcpy", "cudaStreamCreate", "cudaStreamDestroy",
-        "cudaStreamSynchronize", "cudaEventCreate", "cudaEventDestroy", "cudaEventRecord", "cudaEventSynchronize",
-        "cudaEventElapsedTime", "cudaDeviceSynchronize", "cudaGetErrorString"}) {
-    CHECK_MESSAGE(dlsym(lib, name) != nullptr, name);
-  }
+  for (const char* name : {AIRHOST_CUDART_FUNCTIONS(SYMBOL_NAME)}) CHECK_MESSAGE(dlsym(lib, name) != nullptr, name);
+  ours::CudartApi api;
+  CHECK(ours::resolve(lib, api) == nullptr);
   int version = 0;
   REQUIRE(symbol<ours::fn::cudaRuntimeGetVersion>(lib, "cudaRuntimeGetVersion")(&version) == ours::cudaSuccess);
   CHECK(version / 1000 == CUDART_VERSION / 1000);  // the library matches the headers checked above
@@ -234,10 +182,9 @@ TEST_CASE("gpu abi: NVIDIA's CUDA runtime exports every entry point airhost reso
 TEST_CASE("gpu abi: NVIDIA's NCCL exports every entry point airhost resolves, and reports its version" * doctest::skip(kCannotLoadTheWheelsLibraries)) {
   void* lib = dlopen(sdk_lib("libnccl.so.2").c_str(), RTLD_NOW | RTLD_LOCAL);
   REQUIRE_MESSAGE(lib != nullptr, dlerror());
-  for (const char* name : {"ncclGetVersion", "ncclGetErrorString", "ncclGetLastError", "ncclCommInitAll",
-                           "ncclCommDestroy", "ncclCommAbort", "ncclGroupStart", "ncclGroupEnd", "ncclAllReduce"}) {
-    CHECK_MESSAGE(dlsym(lib, name) != nullptr, name);
-  }
+  for (const char* name : {AIRHOST_NCCL_FUNCTIONS(SYMBOL_NAME)}) CHECK_MESSAGE(dlsym(lib, name) != nullptr, name);
+  ours::NcclApi api;
+  CHECK(ours::resolve(lib, api) == nullptr);
   int version = 0;
   REQUIRE(symbol<ours::fn::ncclGetVersion>(lib, "ncclGetVersion")(&version) == ours::ncclSuccess);
   CHECK(version == NCCL_VERSION_CODE);

@@ -14,7 +14,8 @@
 #include <optional>
 #include <string>
 
-#include "accelerators.hpp"
+#include "gpu/accelerator_types.hpp"
+#include "gpu/accelerators.hpp"
 #include "config.hpp"
 
 #ifndef AIRHOST_FAKE_NVML_PATH

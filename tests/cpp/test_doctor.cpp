@@ -21,7 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "doctor.hpp"
+#include "gpu/accelerator_types.hpp"
+#include "gpu/doctor.hpp"
 
 #if !defined(AIRHOST_FAKE_NVML_PATH) || !defined(AIRHOST_FAKE_CUDART_PATH) || \
     !defined(AIRHOST_FAKE_NCCL_PATH) || !defined(AIRHOST_FAKE_CUBLAS_PATH)

@@ -70,10 +70,10 @@ FAKE_CUBLAS_API cublasStatus_t cublasSgemm_v2(void* handle, int transa, int tran
   return CUBLAS_STATUS_SUCCESS;
 }
 
-// Each entry point airhost resolves takes the calls airhost makes (host/gpu_abi.hpp, itself
+// Each entry point airhost resolves takes the calls airhost makes (host/gpu/nvidia_api.hpp, itself
 // checked against NVIDIA's headers by tests/abi/check_gpu_abi.cpp).
 #include "abi_compat.hpp"
-#include "gpu_abi.hpp"
+#include "gpu/nvidia_api.hpp"
 AIRHOST_CHECK_AGAINST_GPU_ABI(cublasCreate_v2);
 AIRHOST_CHECK_AGAINST_GPU_ABI(cublasDestroy_v2);
 AIRHOST_CHECK_AGAINST_GPU_ABI(cublasGetVersion_v2);

@@ -285,10 +285,10 @@ FAKE_CUDART_API cudaError_t cudaEventElapsedTime(float* ms, void* start, void* e
   return cudaSuccess;
 }
 
-// Each entry point airhost resolves takes the calls airhost makes (host/gpu_abi.hpp, itself
+// Each entry point airhost resolves takes the calls airhost makes (host/gpu/nvidia_api.hpp, itself
 // checked against NVIDIA's headers by tests/abi/check_gpu_abi.cpp).
 #include "abi_compat.hpp"
-#include "gpu_abi.hpp"
+#include "gpu/nvidia_api.hpp"
 AIRHOST_CHECK_AGAINST_GPU_ABI(cudaRuntimeGetVersion);
 AIRHOST_CHECK_AGAINST_GPU_ABI(cudaDriverGetVersion);
 AIRHOST_CHECK_AGAINST_GPU_ABI(cudaGetDeviceCount);

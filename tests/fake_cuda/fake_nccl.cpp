@@ -192,10 +192,10 @@ FAKE_NCCL_API ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, s
   return reduce({&pending});
 }
 
-// Each entry point airhost resolves takes the calls airhost makes (host/gpu_abi.hpp, itself
+// Each entry point airhost resolves takes the calls airhost makes (host/gpu/nvidia_api.hpp, itself
 // checked against NVIDIA's headers by tests/abi/check_gpu_abi.cpp).
 #include "abi_compat.hpp"
-#include "gpu_abi.hpp"
+#include "gpu/nvidia_api.hpp"
 AIRHOST_CHECK_AGAINST_GPU_ABI(ncclGetVersion);
 AIRHOST_CHECK_AGAINST_GPU_ABI(ncclGetErrorString);
 AIRHOST_CHECK_AGAINST_GPU_ABI(ncclGetLastError);

@@ -368,10 +368,10 @@ FAKE_NVML_API const char* nvmlErrorString(int result) {
   }
 }
 
-// Each entry point airhost resolves takes the calls airhost makes (host/gpu_abi.hpp, itself
+// Each entry point airhost resolves takes the calls airhost makes (host/gpu/nvidia_api.hpp, itself
 // checked against NVIDIA's headers by tests/abi/check_gpu_abi.cpp).
 #include "abi_compat.hpp"
-#include "gpu_abi.hpp"
+#include "gpu/nvidia_api.hpp"
 AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlInit_v2);
 AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlShutdown);
 AIRHOST_CHECK_AGAINST_GPU_ABI(nvmlErrorString);

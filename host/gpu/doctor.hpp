@@ -11,6 +11,7 @@
 //   3. NCCL (libnccl, dlopen): ncclCommInitAll over every GPU in this one process, then a
 //      float32 sum all-reduce from 8 B to 256 MB (x4 per step) printed like nccl-tests:
 //      time, algbw = bytes / time, busbw = algbw * 2 (n - 1) / n, and the values checked.
+// Each part is a file of its own, listed in doctor_parts.hpp; the report is doctor_report.cpp.
 //
 // Nothing CUDA is linked: libnvidia-ml.so.1, libcudart.so*, libnccl.so* and libcublas.so*
 // are opened at run time, and a missing one is reported by name. Overrides, used by the
@@ -33,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "gpu/libraries.hpp"
+
 namespace airhost::detail {
 
 struct DoctorOptions {
@@ -43,14 +46,6 @@ struct DoctorOptions {
   int iters = 0;                    // timed, per size; 0: 20 (quick 5)
   std::size_t memory_bytes = 0;     // the per-GPU allocation; 0: 1 GiB (quick 256 MiB)
   int gemm_n = 0;                   // SGEMM size n (n x n x n); 0: 4096
-};
-
-// One shared library the doctor loaded, or failed to.
-struct LibraryStatus {
-  bool loaded = false;
-  std::string path;     // the file loaded ("/usr/lib/x86_64-linux-gnu/libnccl.so.2")
-  std::string version;  // "12.4", "2.21.5"
-  std::string error;    // why not loaded, naming what was tried
 };
 
 struct DoctorGpu {
@@ -141,6 +136,11 @@ std::vector<std::size_t> allreduce_sizes(const DoctorOptions& options);
 // The bus bandwidth nccl-tests reports for an all-reduce of n ranks: algbw * 2 (n - 1) / n.
 double allreduce_busbw(double algbw, int ranks);
 
+// One row's figures, as nccl-tests computes them, from `ms` measured for `iters` all-reduces
+// of row.bytes over `ranks` GPUs: time_us per all-reduce, algbw_gbps = bytes / time, and
+// busbw_gbps as above.
+void time_allreduce_row(AllReduceRow& row, double ms, int iters, int ranks);
+
 // The outcome of run_doctor run in a forked child (for --preflight: the host process must
 // not keep CUDA contexts on the GPUs its ranks will use, and a hung NCCL must not hang it).
 struct DoctorOutcome {
@@ -154,10 +154,5 @@ struct DoctorOutcome {
 // (CUDA_VISIBLE_DEVICES=<indices>, CUDA_DEVICE_ORDER=PCI_BUS_ID); empty: every visible GPU.
 DoctorOutcome run_doctor_in_child(const DoctorOptions& options, double timeout_seconds,
                                   const std::vector<int>& devices = {});
-
-// The accelerator table: $AIRHOST_ACCELERATORS_TOML, else next to the binary
-// (../share/airhost/accelerators.toml, then the pip layout), else the source tree's
-// configs/accelerators.toml. "" when none exists.
-std::string find_accelerators_toml();
 
 }  // namespace airhost::detail
