@@ -12,6 +12,9 @@ enum class ExitCode : int {
   usage = 2,            // bad command line, config file or launch spec; nothing was started
   no_accelerator = 3,   // `airhost doctor`: the node has no usable GPU
   preflight_failed = 4, // `--preflight` refused the node, or `airhost doctor` found a failing check
+  node_lost = 5,        // several nodes: another node failed, was stopped or lost (or never
+                        // joined), so this node's ranks were stopped; the message names it.
+                        // The failing node itself exits with its own rank's code.
   timeout = 124,        // the run outlived its timeout (same code as coreutils `timeout`)
   hangup = 129,         // host got SIGHUP (128 + 1)
   interrupted = 130,    // host got SIGINT / Ctrl-C, or a cancel() (128 + 2)
