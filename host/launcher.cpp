@@ -176,7 +176,8 @@ std::unique_ptr<detail::RankStarter> warm_starter(const LaunchSpec& spec, const 
 //  - stopped because another node went (node_lost): name the most telling report of all;
 //  - this node's first failure was a rank that lost a peer (gloo's "Connection closed by
 //    peer"): that is another node's failure seen from here, so wait (up to node_timeout) for
-//    that node's own report, and when there is one, name it instead of the cascade.
+//    that node's own report, and when there is one, name it instead of the cascade (the
+//    wait ends early once every other node has reported or is gone).
 static void settle_with_other_nodes(detail::NodeLink& link, const LaunchSpec& spec, RunReport& report, double started) {
   const std::string run = "run " + spec.run_id + ": ";
   auto lost = [&](const detail::NodeDown& down, const std::string& prefix, const std::string& suffix) {
@@ -199,9 +200,9 @@ static void settle_with_other_nodes(detail::NodeLink& link, const LaunchSpec& sp
     const RankReport* root = nullptr;
     for (const auto& r : report.ranks)
       if (r.rank == report.root_cause) root = &r;
+    // Even another node's cascade says more than ours: it names a node, and why it stopped.
     if (root && root->error && detail::is_lost_peer_error(*root->error)) {
-      auto down = link.wait_down(std::chrono::milliseconds(spec.node_timeout));
-      if (down && !down->cascade)
+      if (auto down = link.wait_down(std::chrono::milliseconds(spec.node_timeout)))
         lost(*down, "", "; this node's ranks failed or were stopped as a consequence");
     }
   }

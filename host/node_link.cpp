@@ -246,6 +246,7 @@ struct NodeLink::Impl {
     Clock::time_point last_rx;
     bool said_down = false;   // it reported its own teardown: its close is expected
     bool done = false;        // its ranks all succeeded
+    bool gone = false;        // lost: no longer read or timed, but still told why we stop
   };
 
   NodeLinkConfig cfg;
@@ -318,16 +319,19 @@ struct NodeLink::Impl {
       if (&c != from && c.fd >= 0) send_all(c.fd, f);
   }
 
-  void lost(Conn& c, const std::string& why) {
+  // A node that went silent or sent garbage keeps its connection, so that it still hears
+  // why this node stops should it be merely frozen; one that closed it has none left.
+  void lost(Conn& c, const std::string& why, bool closed) {
     NodeDown d{c.node.node_rank, describe_node(c.node) + " was lost: " + why, false};
-    close_fd(c.fd);
+    c.gone = true;
+    if (closed) close_fd(c.fd);
     relay(d, &c);
     record(d);
   }
 
   void update_quiet() {
     bool quiet = true;
-    for (auto& c : conns) quiet &= c.fd < 0 || c.said_down;
+    for (auto& c : conns) quiet &= c.fd < 0 || c.gone || c.said_down;
     {
       std::lock_guard lock(m);
       all_quiet = quiet;
@@ -389,7 +393,7 @@ struct NodeLink::Impl {
       check_all_done();
       return;
     }
-    lost(c, "its connection closed (its airhost exited or was killed)");
+    lost(c, "its connection closed (its airhost exited or was killed)", true);
   }
 
   void loop() {
@@ -413,16 +417,16 @@ struct NodeLink::Impl {
       if (now >= next_beat) {
         const std::string beat = frame(LinkKind::heartbeat);
         for (auto& c : conns)
-          if (c.fd >= 0) send_all(c.fd, beat);
+          if (c.fd >= 0 && !c.gone) send_all(c.fd, beat);
         next_beat = now + heartbeat;
       }
       for (auto& c : conns)
-        if (c.fd >= 0 && now - c.last_rx > cfg.node_timeout)
-          lost(c, "nothing heard from it for " + seconds_text(cfg.node_timeout) + " (node_timeout)");
+        if (c.fd >= 0 && !c.gone && now - c.last_rx > cfg.node_timeout)
+          lost(c, "nothing heard from it for " + seconds_text(cfg.node_timeout) + " (node_timeout)", false);
       update_quiet();
 
       fds.assign(1, pollfd{wake[0], POLLIN, 0});
-      for (auto& c : conns) fds.push_back(pollfd{c.fd, POLLIN, 0});  // fd -1 is skipped by poll
+      for (auto& c : conns) fds.push_back(pollfd{c.gone ? -1 : c.fd, POLLIN, 0});  // poll skips -1
       const auto wait = std::chrono::duration_cast<milliseconds>(next_beat - Clock::now()).count();
       ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(wait, 1, 1000)));
       if (fds[0].revents) {
@@ -432,13 +436,13 @@ struct NodeLink::Impl {
       }
       for (std::size_t i = 0; i < conns.size(); ++i) {
         Conn& c = conns[i];
-        if (c.fd < 0 || !fds[i + 1].revents) continue;
+        if (fds[i + 1].fd < 0 || !fds[i + 1].revents) continue;
         const int rc = read_into(c.fd, c.in);
         if (!c.in.empty()) c.last_rx = Clock::now();
         try {
           while (auto f = pop_frame(c.in)) on_frame(c, *f);
         } catch (const FrameError& e) {
-          lost(c, std::string("it sent garbage (") + e.what() + ")");
+          lost(c, std::string("it sent garbage (") + e.what() + ")", false);
           continue;
         }
         if (rc <= 0) on_closed(c);
@@ -685,7 +689,7 @@ std::unique_ptr<NodeLink::Impl> join_as_hub(const NodeLinkConfig& cfg, const Nod
     send_all(c.fd, welcome);
   }
   impl->conns = std::move(joined);
-  say(cfg, "every node joined: " + join_list(names));
+  say(cfg, "all " + std::to_string(cfg.nnodes) + " nodes joined (" + join_list(names) + "); starting the ranks");
   return impl;  // the listeners close here: rank 0's store takes the port next
 }
 
@@ -756,7 +760,7 @@ std::unique_ptr<NodeLink::Impl> join_as_spoke(const NodeLinkConfig& cfg, const N
       pause(milliseconds(500));
       continue;
     }
-    if (!said_waiting) say(cfg, "connected to node 0 at " + where + "; waiting for every node to join");
+    say(cfg, "connected to node 0 at " + where + "; waiting for every node to join");
     said_waiting = true;
     // Node 0 answers once every node has joined.
     std::string in;
@@ -806,7 +810,7 @@ std::unique_ptr<NodeLink::Impl> join_as_spoke(const NodeLinkConfig& cfg, const N
         c.node = zero;
         c.in = std::move(in);
         impl->conns.push_back(std::move(c));
-        say(cfg, "every node joined " + describe_node(zero));
+        say(cfg, "all " + std::to_string(cfg.nnodes) + " nodes joined at " + describe_node(zero) + "; starting the ranks");
         return impl;
       }
       if (rc <= 0) {  // node 0 went away before answering (restarted?): connect again
