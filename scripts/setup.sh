@@ -6,7 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_pkgs=()
-for pkg in g++ cmake pkg-config libuv1-dev libtomlplusplus-dev doctest-dev pybind11-dev python3-venv; do
+debian_pkgs=(g++ cmake pkg-config libuv1-dev libtomlplusplus-dev doctest-dev pybind11-dev python3-venv)
+# The tests: iproute2 (`ip netns`, veth pairs) for the multi-node tests of tests/py/test_netns.py.
+[ "${AIRHOST_SETUP_TEST_DEPS:-0}" = 1 ] && debian_pkgs+=(iproute2)
+for pkg in "${debian_pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
 # cmake and python3-venv may come from elsewhere (pip, pyenv): only ask apt when missing.
