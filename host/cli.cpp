@@ -491,7 +491,7 @@ Flags:
                         there until every node has joined and agreed (same N, same ranks
                         per node), then rank 0's store takes the port
   --node-timeout D      several nodes: another node silent this long is lost and this
-                        node's ranks are stopped, exit 5; a node whose airhost exits or is
+                        node's ranks are stopped, exit 138; a node whose airhost exits or is
                         killed is lost at once (default: 30s)
   --join-timeout D      several nodes: how long every node may take to join (default: 10m)
   --prefix              put "[rank N] " before each output line (the default)
@@ -527,11 +527,11 @@ Exit status:
   3        airhost doctor: no usable GPU on this node
   4        --preflight checks failed, nothing was started; or airhost doctor: a GPU
            check failed (CUDA runtime, NCCL, memory)
-  5        several nodes: another node failed, was stopped or lost, or did not join; this
-           node's ranks were stopped (the failing node exits with its rank's code)
   124      the run reached its --timeout
   129      airhost got SIGHUP
   130/143  airhost was interrupted (SIGINT, Ctrl-C) / terminated (SIGTERM)
+  138      several nodes: another node failed, was stopped or lost, or did not join; this
+           node's ranks were stopped (the failing node exits with its rank's code)
 )";
 }
 

@@ -86,7 +86,7 @@ struct NodeDown {
   bool cascade = false;  // that node only failed because one of its ranks lost a peer
 };
 
-// A node did not join within join_timeout (or node 0 never answered): exit 5, node_lost.
+// A node did not join within join_timeout (or node 0 never answered): exit 138, node_lost.
 class NodeJoinError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;

@@ -52,7 +52,7 @@ struct LaunchSpec {
                                           // nodes must agree on nnodes and nprocs), and stays
                                           // linked to it: see node_timeout
   std::chrono::seconds node_timeout{30};  // several nodes: another node silent this long is lost,
-                                          // and this node's ranks are stopped (exit 5); a node
+                                          // and this node's ranks are stopped (exit 138); a node
                                           // whose airhost exits or is killed is lost at once
   std::chrono::seconds join_timeout{600}; // several nodes: how long the nodes may take to join
   std::vector<int> devices;               // the run's GPUs (CUDA_VISIBLE_DEVICES, in order); LOCAL_RANK indexes them; empty = CPU ranks

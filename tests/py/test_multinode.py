@@ -139,7 +139,7 @@ def test_a_node_that_finds_no_node_0_gives_up_at_the_join_timeout(airhost):
     port = free_port()
     run = airhost(script("node_world.py"), "-n", "1", "--nnodes", "2", "--node-rank", "1", "--master-port", str(port),
                   "--join-timeout", "2", timeout=30)
-    run.assert_rc(5)
+    run.assert_rc(138)
     assert f"node 0 did not answer at 127.0.0.1:{port} within 2 s (join_timeout; last: Connection refused)" in run.err
     assert run.run_json["outcome"] == "node_lost" and run.run_json["ranks"] == []
     assert run.seconds < 10
@@ -160,11 +160,11 @@ def test_a_rank_failing_on_node_1_stops_node_0_naming_node_and_rank(airhost):
     r1, r0 = n1.finish(), n0.finish()
     r1.assert_rc(1)
     assert f"run {r1.run_id} failed: rank 3 exited with code 1 (ValueError: boom on rank 3)" in r1.err
-    r0.assert_rc(5)
+    r0.assert_rc(138)
     assert re.search(rf"airhost: run {r0.run_id}: node 1 \([^)]+\) failed: rank 3 exited with code 1 "
                      r"\(ValueError: boom on rank 3\); this node's ranks were (stopped|failed or were stopped as a "
                      r"consequence)", r0.err), r0.describe()
-    assert r0.run_json["outcome"] == "node_lost" and r0.run_json["exit_code"] == 5
+    assert r0.run_json["outcome"] == "node_lost" and r0.run_json["exit_code"] == 138
     assert r0.run_json["root_cause"] == -1
     assert "Root cause:" not in r0.err  # the cause is on node 1, not a rank here
 
@@ -181,7 +181,7 @@ def test_killing_node_1s_airhost_ends_node_0_at_once(airhost):
     n1.signal(signal.SIGKILL)
     r0 = n0.finish(timeout=30)
     ended = time.monotonic() - t0
-    r0.assert_rc(5)
+    r0.assert_rc(138)
     assert ended < NODE_TIMEOUT, f"a closed connection is a lost node at once, took {ended:.1f} s"
     assert re.search(r"node 1 \([^)]+, 127\.0\.0\.1\) was lost: its connection closed \(its airhost exited or was "
                      r"killed\); this node's ranks were stopped", r0.err), r0.describe()
@@ -205,14 +205,14 @@ def test_a_frozen_node_is_lost_after_node_timeout_and_both_end(airhost):
     finally:
         n1.signal(signal.SIGCONT)
     ended = time.monotonic() - t0
-    r0.assert_rc(5)
+    r0.assert_rc(138)
     # Silence counts from its last heartbeat, up to 1 s before the SIGSTOP; then the grace.
     assert NODE_TIMEOUT - 1.5 < ended < NODE_TIMEOUT + 2 + 3, f"ended after {ended:.1f} s"
     assert re.search(rf"node 1 \([^)]+, 127\.0\.0\.1\) was lost: nothing heard from it for {NODE_TIMEOUT} s "
                      r"\(node_timeout\); this node's ranks were stopped", r0.err), r0.describe()
     # Node 1, thawed, finds node 0 gone (it said why first) and ends as well.
     r1 = n1.finish(timeout=30)
-    r1.assert_rc(5)
+    r1.assert_rc(138)
     assert re.search(rf"airhost: run {r1.run_id}: node 0 \([^)]+\) stopped its ranks \(node 1 \([^)]+\) was lost: "
                      rf"nothing heard from it for {NODE_TIMEOUT} s \(node_timeout\)\)", r1.err), r1.describe()
 
@@ -227,6 +227,6 @@ def test_an_interrupted_node_0_stops_node_1_saying_so(airhost):
     n0.signal(signal.SIGTERM)
     r0, r1 = n0.finish(timeout=30), n1.finish(timeout=30)
     r0.assert_rc(143)
-    r1.assert_rc(5)
+    r1.assert_rc(138)
     assert re.search(rf"airhost: run {r1.run_id}: node 0 \([^)]+\) was interrupted by SIGTERM; this node's ranks "
                      r"were (stopped|failed or were stopped as a consequence)", r1.err), r1.describe()
