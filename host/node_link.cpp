@@ -495,12 +495,10 @@ std::optional<NodeDown> NodeLink::finish(milliseconds limit) {
   else s.poke();
   std::unique_lock lock(s.m);
   auto ready = [&] { return s.ended || s.first_down.has_value(); };
-  bool in_time = true;
-  if (limit.count() > 0) in_time = s.cv.wait_for(lock, limit, ready);
+  if (limit.count() > 0) s.cv.wait_for(lock, limit, ready);
   else s.cv.wait(lock, ready);
-  if (s.ended && !s.first_down) return std::nullopt;
-  if (s.first_real || s.first_down) return s.first_real ? s.first_real : s.first_down;
-  (void)in_time;
+  if (s.first_down) return s.first_real ? s.first_real : s.first_down;
+  if (s.ended) return std::nullopt;
   return NodeDown{-1, "the other nodes did not finish within the run's timeout", false};
 }
 
@@ -523,6 +521,49 @@ struct Pending {
   }
   if (join_error) throw NodeJoinError(message);
   throw LaunchError(message);
+}
+
+// The nodes disagree: before node 0 gives up, the nodes still on their way (up to `missing`
+// of them, for a few seconds) get the same refusal, so that they too exit 2 at once instead
+// of waiting out the join timeout for a node 0 that has gone.
+void refuse_late_joiners(int l4, int l6, std::vector<Pending>& pending, const std::string& message, int missing) {
+  const std::string f = frame(LinkKind::refuse, {{"message", message}, {"kind", "usage"}});
+  const auto until = Clock::now() + std::chrono::seconds(3);
+  while (missing > 0 && Clock::now() < until) {
+    std::vector<pollfd> fds = {{l4, POLLIN, 0}, {l6, POLLIN, 0}};
+    for (auto& p : pending) fds.push_back({p.fd, POLLIN, 0});
+    ::poll(fds.data(), fds.size(), 100);
+    for (int l : {l4, l6}) {
+      if (l < 0) continue;
+      for (;;) {
+        sockaddr_storage sa{};
+        socklen_t len = sizeof sa;
+        const int fd = ::accept4(l, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) break;
+        pending.push_back({fd, peer_address(sa), {}, Clock::now()});
+      }
+    }
+    for (std::size_t i = 0; i < pending.size();) {
+      Pending& p = pending[i];
+      const int rc = read_into(p.fd, p.in);
+      bool answered = false;
+      try {
+        if (auto hello = pop_frame(p.in); hello && hello->kind == static_cast<std::uint16_t>(LinkKind::hello)) {
+          send_all(p.fd, f);
+          answered = true;
+          --missing;
+        }
+      } catch (const FrameError&) {
+        answered = true;  // not a node: just close it
+      }
+      if (answered || rc <= 0) {
+        close_gently(p.fd);
+        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+      ++i;
+    }
+  }
 }
 
 int listen_on(int family, int port, std::string& error) {
@@ -618,6 +659,18 @@ std::unique_ptr<NodeLink::Impl> join_as_hub(const NodeLinkConfig& cfg, const Nod
         pending.push_back({fd, peer_address(sa), {}, Clock::now()});
       }
     }
+    // A node that joined and left again (killed, restarted) is waited for anew; looked at
+    // first, so that its new hello is not taken for a second node of the same rank.
+    for (std::size_t i = 0; i < joined.size();) {
+      std::string sink;
+      if (read_into(joined[i].fd, sink) <= 0) {
+        say(cfg, describe_node(joined[i].node) + " left before every node joined; waiting for it again");
+        close_fd(joined[i].fd);
+        joined.erase(joined.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+      ++i;
+    }
     // Connections that have not said hello yet.
     for (std::size_t i = 0; i < pending.size();) {
       Pending& p = pending[i];
@@ -646,7 +699,10 @@ std::unique_ptr<NodeLink::Impl> join_as_hub(const NodeLinkConfig& cfg, const Nod
           pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
           std::vector<NodeHello> peers;
           for (auto& j : joined) peers.push_back(j.node);
-          if (auto problem = check_nodes(self, peers); !problem.empty()) refuse_all(joined, problem, false);
+          if (auto problem = check_nodes(self, peers); !problem.empty()) {
+            refuse_late_joiners(l4, l6, pending, problem, cfg.nnodes - 1 - static_cast<int>(joined.size()));
+            refuse_all(joined, problem, false);
+          }
           say(cfg, describe_node(h) + " joined");
           continue;
         }
@@ -660,17 +716,6 @@ std::unique_ptr<NodeLink::Impl> join_as_hub(const NodeLinkConfig& cfg, const Nod
       if (rc <= 0 || Clock::now() - p.since > kHelloWait) {
         close_fd(p.fd);
         pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-        continue;
-      }
-      ++i;
-    }
-    // A node that joined and left again (killed, restarted) is waited for anew.
-    for (std::size_t i = 0; i < joined.size();) {
-      std::string sink;
-      if (read_into(joined[i].fd, sink) <= 0) {
-        say(cfg, describe_node(joined[i].node) + " left before every node joined; waiting for it again");
-        close_fd(joined[i].fd);
-        joined.erase(joined.begin() + static_cast<std::ptrdiff_t>(i));
         continue;
       }
       ++i;

@@ -259,3 +259,18 @@ TEST_CASE("the exit barrier ends when every node is done, and reports a node tha
     CHECK(down->message.find(") failed: rank 2 was killed by SIGKILL") != std::string::npos);
   }
 }
+
+TEST_CASE("a node that arrives just after node 0 refused the others is refused too, not left waiting") {
+  const int port = free_port();
+  auto zero = std::async(std::launch::async, [port] { return NodeLink::join(config(0, 3, 2, port), {}); });
+  auto late = std::async(std::launch::async, [port] {
+    std::this_thread::sleep_for(700ms);
+    return NodeLink::join(config(2, 3, 2, port), {});
+  });
+  CHECK_THROWS_WITH_AS(NodeLink::join(config(1, 3, 4, port), {}),
+                       doctest::Contains("the nodes disagree on the ranks per node"), LaunchError);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(late.get(), doctest::Contains("the nodes disagree on the ranks per node"), LaunchError);
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  CHECK_THROWS_AS(zero.get(), LaunchError);
+}
