@@ -14,6 +14,7 @@ namespace {
 
 enum class FlagId {
   accelerators, timeout, grace, python, run_dir, master_addr, master_port, max_restarts,
+  nnodes, node_rank, node_timeout, join_timeout,
   prefix, no_prefix, ranks, env, config, preflight, tracking, no_tracking, json, module, help, version,
   preload, cold, print_env,
 };
@@ -35,6 +36,10 @@ const std::vector<FlagSpec>& flag_specs() {
       {FlagId::master_addr, {"--master-addr"}, true, "10.0.0.1"},
       {FlagId::master_port, {"--master-port"}, true, "29500"},
       {FlagId::max_restarts, {"--max-restarts", "--max_restarts"}, true, "3"},
+      {FlagId::nnodes, {"--nnodes"}, true, "2"},
+      {FlagId::node_rank, {"--node-rank", "--node_rank"}, true, "0"},
+      {FlagId::node_timeout, {"--node-timeout"}, true, "30s"},
+      {FlagId::join_timeout, {"--join-timeout"}, true, "10m"},
       {FlagId::prefix, {"--prefix"}, false, ""},
       {FlagId::no_prefix, {"--no-prefix"}, false, ""},
       {FlagId::ranks, {"--ranks"}, true, "0,2,3"},
@@ -253,6 +258,31 @@ class Parser {
         s.max_restarts = static_cast<int>(*n);
         break;
       }
+      case FlagId::nnodes: {
+        const auto n = parse_integer(value);
+        if (!n || *n < 1 || *n > INT_MAX)
+          throw ConfigError(name + " must be a positive integer (the number of nodes), got " + single_quoted(value) +
+                            "; e.g. " + name + " " + spec.example);
+        s.nnodes = static_cast<int>(*n);
+        break;
+      }
+      case FlagId::node_rank: {
+        const auto n = parse_integer(value);
+        if (!n || *n < 0 || *n > INT_MAX)
+          throw ConfigError(name + " must be a non-negative integer (0 for the node at --master-addr), got " +
+                            single_quoted(value) + "; e.g. " + name + " " + spec.example);
+        s.node_rank = static_cast<int>(*n);
+        break;
+      }
+      case FlagId::node_timeout:
+      case FlagId::join_timeout: {
+        const auto d = parse_duration_seconds(value, name);
+        if (d.count() < 1)
+          throw ConfigError(name + " must be at least 1 second, got " + single_quoted(value) + "; e.g. " + name + " " +
+                            spec.example);
+        (spec.id == FlagId::node_timeout ? s.node_timeout : s.join_timeout) = d;
+        break;
+      }
       case FlagId::prefix: s.prefix = true; break;
       case FlagId::no_prefix: s.prefix = false; break;
       case FlagId::ranks: s.ranks = parse_ranks(name, value); break;
@@ -457,7 +487,20 @@ Flags:
                         (default: 0 = a free port reserved for the run, or the port
                         Slurm or Kubernetes give for a multi-node job)
   --max-restarts N      after a rank fails, stop every rank and start the group again,
-                        up to N times; ranks see TORCHELASTIC_RESTART_COUNT (default: 0)
+                        up to N times; ranks see TORCHELASTIC_RESTART_COUNT (default: 0;
+                        not with several nodes)
+  --nnodes N            nodes in the job, each running this command with the same flags
+                        but its own --node-rank; RANK = node rank x ranks per node + local
+                        rank, WORLD_SIZE = N x ranks per node (default: 1)
+  --node-rank R         this node's rank, 0..N-1 (also --node_rank); node 0 is the one at
+                        --master-addr (default: 0)
+                        With N > 1, --master-port is required: node 0's airhost listens
+                        there until every node has joined and agreed (same N, same ranks
+                        per node), then rank 0's store takes the port
+  --node-timeout D      several nodes: another node silent this long is lost and this
+                        node's ranks are stopped, exit 138; a node whose airhost exits or is
+                        killed is lost at once (default: 30s)
+  --join-timeout D      several nodes: how long every node may take to join (default: 10m)
   --prefix              put "[rank N] " before each output line (the default)
   --no-prefix           forward output lines as they are
   --ranks LIST          show only these ranks' output, e.g. 0,2,3; 'all' shows every
@@ -503,6 +546,8 @@ Exit status:
   124      the run reached its --timeout
   129      airhost got SIGHUP
   130/143  airhost was interrupted (SIGINT, Ctrl-C) / terminated (SIGTERM)
+  138      several nodes: another node failed, was stopped or lost, or did not join; this
+           node's ranks were stopped (the failing node exits with its rank's code)
 )";
 }
 

@@ -37,6 +37,8 @@ void Settings::merge(const Settings& over) {
   take(nnodes, over.nnodes);
   take(node_rank, over.node_rank);
   take(max_restarts, over.max_restarts);
+  take(node_timeout, over.node_timeout);
+  take(join_timeout, over.join_timeout);
   take(preflight, over.preflight);
   take(tracking, over.tracking);
   take(preload, over.preload);
@@ -215,6 +217,10 @@ constexpr KeyDoc kTopKeys[] = {
     {"master_addr", "a non-empty string (a host name or IP address)", "master_addr = \"127.0.0.1\""},
     {"master_port", "an integer from 0 to 65535 (0 = a free port)", "master_port = 29500"},
     {"max_restarts", "an integer from 0 to 1000", "max_restarts = 3"},
+    {"nnodes", "a positive integer (the number of nodes)", "nnodes = 2"},
+    {"node_rank", "a non-negative integer (this node's rank, below nnodes)", "node_rank = 0"},
+    {"node_timeout", "a whole number of seconds, at least 1, or a duration string", "node_timeout = \"30s\""},
+    {"join_timeout", "a whole number of seconds, at least 1, or a duration string", "join_timeout = \"10m\""},
     {"preflight", "a boolean", "preflight = true"},
     {"tracking", "a boolean", "tracking = false"},
     {"preload", "an array of module names", "preload = [\"torch\", \"numpy\"]"},
@@ -354,6 +360,18 @@ class ConfigReader {
       s.master_port = static_cast<int>(integer(node, name, doc, 0, 65535));
     } else if (name == "max_restarts") {
       s.max_restarts = static_cast<int>(integer(node, name, doc, 0, 1000));
+    } else if (name == "nnodes") {
+      s.nnodes = static_cast<int>(integer(node, name, doc, 1, INT_MAX));
+    } else if (name == "node_rank") {
+      s.node_rank = static_cast<int>(integer(node, name, doc, 0, INT_MAX));
+    } else if (name == "node_timeout" || name == "join_timeout") {
+      const auto ms = duration(node, name, doc);
+      if (ms.count() % 1000 != 0 || ms.count() == 0) {
+        const std::string got = node.as_string() ? single_quoted(node.as_string()->get()) : std::string("0");
+        fail(node.source(), "key '" + name + "' must be a whole number of seconds, at least 1, got " + got +
+                                "; e.g. " + std::string(doc.example));
+      }
+      (name == "node_timeout" ? s.node_timeout : s.join_timeout) = std::chrono::duration_cast<std::chrono::seconds>(ms);
     } else if (name == "preflight") {
       s.preflight = boolean(node, name, doc);
     } else if (name == "tracking") {

@@ -30,9 +30,11 @@ struct Settings {
   std::optional<std::string> run_dir;            // "" = <runs root>/<run id>
   std::optional<std::string> master_addr;
   std::optional<int> master_port;
-  std::optional<int> nnodes;                     // nodes in the job (LaunchSpec::nnodes)
-  std::optional<int> node_rank;                  // this node's index (LaunchSpec::node_rank)
   std::optional<int> max_restarts;               // restarts of the whole group after a rank fails
+  std::optional<int> nnodes;                     // nodes in the job (torchrun's --nnodes)
+  std::optional<int> node_rank;                  // this node's rank among them (GROUP_RANK)
+  std::optional<std::chrono::seconds> node_timeout;  // another node silent this long is lost
+  std::optional<std::chrono::seconds> join_timeout;  // how long the nodes may take to join
   std::optional<bool> preflight;
   std::optional<bool> tracking;                  // an MLflow run per launch, when mlflow is importable
   std::optional<std::string> preload;            // warm server modules, "torch,numpy"; "auto" = torch if installed

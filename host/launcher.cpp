@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "airhost/airhost.hpp"
+#include "node_link.hpp"
 #include "port.hpp"
 #include "report_format.hpp"
 #include "run_dir.hpp"
@@ -96,9 +97,24 @@ std::string python_version_of(const std::string& python) {
 void validate(const LaunchSpec& spec, const std::string& rank_binary) {
   auto fail = [](const std::string& s) { throw LaunchError(s); };
   if (spec.nprocs < 1) fail("the number of ranks must be at least 1, got " + std::to_string(spec.nprocs));
-  if (spec.nnodes < 1 || spec.node_rank < 0 || spec.node_rank >= spec.nnodes)
-    fail("node_rank must be in [0, nnodes); got node_rank " + std::to_string(spec.node_rank) + " of " +
-         std::to_string(spec.nnodes) + " nodes");
+  if (spec.nnodes < 1) fail("the number of nodes must be at least 1, got --nnodes " + std::to_string(spec.nnodes));
+  if (spec.node_rank < 0 || spec.node_rank >= spec.nnodes)
+    fail("--node-rank " + std::to_string(spec.node_rank) + " is out of range for --nnodes " +
+         std::to_string(spec.nnodes) + ": node ranks go from 0 to " + std::to_string(spec.nnodes - 1));
+  if (spec.nnodes > 1) {
+    if (spec.master_port == 0)
+      fail("with --nnodes " + std::to_string(spec.nnodes) + ", give --master-port: every node must be given the "
+           "same port, where node 0 listens (e.g. --master-port 29500)");
+    if (spec.max_restarts > 0)
+      fail("--max-restarts cannot be used with several nodes: a restart would have to restart every node at "
+           "once; let the scheduler restart the whole job (Slurm --requeue, a PyTorchJob restartPolicy), or "
+           "drop --max-restarts");
+    if (spec.node_timeout.count() < 1) fail("node_timeout must be at least 1 second");
+    if (spec.join_timeout.count() < 1) fail("join_timeout must be at least 1 second");
+    if (auto problem = detail::resolve_problem(spec.master_addr); !problem.empty())
+      fail("master address '" + spec.master_addr + "' does not resolve (" + problem +
+           "); give node 0's host name or IP address with --master-addr");
+  }
   if (spec.timeout.count() < 0) fail("the timeout cannot be negative (use 0 to disable it)");
   if (spec.grace.count() < 0) fail("the grace period cannot be negative");
   if (spec.master_port < 0 || spec.master_port > 65535)
@@ -171,12 +187,51 @@ std::unique_ptr<detail::RankStarter> warm_starter(const LaunchSpec& spec, const 
 
 }  // namespace
 
+// Several nodes, after this node's ranks are gone: how the run ended for the job as a whole.
+//  - this node's ranks succeeded: wait until every node's did (the exit barrier); a node that
+//    fails or is lost meanwhile makes it node_lost;
+//  - stopped because another node went (node_lost): name the most telling report of all;
+//  - this node's first failure was a rank that lost a peer (gloo's "Connection closed by
+//    peer"): that is another node's failure seen from here, so wait (up to node_timeout) for
+//    that node's own report, and when there is one, name it instead of the cascade (the
+//    wait ends early once every other node has reported or is gone).
+static void settle_with_other_nodes(detail::NodeLink& link, const LaunchSpec& spec, RunReport& report, double started) {
+  const std::string run = "run " + spec.run_id + ": ";
+  auto lost = [&](const detail::NodeDown& down, const std::string& prefix, const std::string& suffix) {
+    report.outcome = Outcome::node_lost;
+    report.exit_code = to_int(ExitCode::node_lost);
+    report.root_cause = -1;
+    report.message = run + prefix + down.message + suffix;
+  };
+  if (report.outcome == Outcome::succeeded) {
+    std::chrono::milliseconds limit{0};
+    if (spec.timeout.count() > 0) {
+      const auto used = std::chrono::milliseconds(static_cast<long long>((detail::now_seconds() - started) * 1000));
+      limit = std::max(std::chrono::milliseconds(1), std::chrono::milliseconds(spec.timeout) - used);
+    }
+    if (auto down = link.finish(limit))
+      lost(*down, "this node's " + std::to_string(report.ranks.size()) + " rank(s) succeeded, but ", "");
+  } else if (report.outcome == Outcome::node_lost) {
+    if (auto down = link.down()) lost(*down, "", "; this node's ranks were stopped");
+  } else if (report.outcome == Outcome::failed) {
+    const RankReport* root = nullptr;
+    for (const auto& r : report.ranks)
+      if (r.rank == report.root_cause) root = &r;
+    // Even another node's cascade says more than ours: it names a node, and why it stopped.
+    if (root && root->error && detail::is_lost_peer_error(*root->error)) {
+      if (auto down = link.wait_down(std::chrono::milliseconds(spec.node_timeout)))
+        lost(*down, "", "; this node's ranks failed or were stopped as a consequence");
+    }
+  }
+}
+
 struct Launcher::Impl {
   LaunchSpec spec;
   Callbacks callbacks;
-  std::mutex mutex;  // guards supervisor and pending_cancel against cancel() from other threads
+  std::mutex mutex;  // guards supervisor, pending_cancel and pending_abort against other threads
   detail::Supervisor* supervisor = nullptr;
   int pending_cancel = 0;
+  std::string pending_abort;  // another node is gone: why (the node link's thread sets it)
   bool ran = false;
 };
 
@@ -226,11 +281,64 @@ RunReport Launcher::run() {
     spec.entry.payload.clear();  // written once, read by every rank; no need to hold it twice
   }
 
+  // The store of rank 0 serves master_port on node 0 only: the other nodes just connect there.
   detail::PortReservation port;
-  try {
-    port = detail::PortReservation::reserve(spec.master_port);
-  } catch (const std::system_error& e) {
-    throw LaunchError(std::string(e.what()) + "; pick another --master-port, or 0 for a free one");
+  if (spec.node_rank == 0) {
+    try {
+      port = detail::PortReservation::reserve(spec.master_port);
+    } catch (const std::system_error& e) {
+      throw LaunchError(std::string(e.what()) + (spec.nnodes > 1 ? "; pick another --master-port and give it to every node"
+                                                                 : "; pick another --master-port, or 0 for a free one"));
+    }
+  }
+  const int master_port = spec.node_rank == 0 ? port.port() : spec.master_port;
+
+  // Several nodes: every host joins node 0's before a rank starts, then they watch each other.
+  const double started = detail::now_seconds();
+  std::unique_ptr<detail::NodeLink> link;
+  if (spec.nnodes > 1) {
+    detail::NodeLinkConfig config;
+    config.node_rank = spec.node_rank;
+    config.nnodes = spec.nnodes;
+    config.nprocs = spec.nprocs;
+    config.master_addr = spec.master_addr;
+    config.master_port = master_port;
+    config.node_timeout = spec.node_timeout;
+    config.join_timeout = spec.join_timeout;
+    if (spec.timeout.count() > 0) config.join_timeout = std::min(config.join_timeout, std::chrono::milliseconds(spec.timeout));
+    config.say = spec.output.forward;
+    try {
+      link = detail::NodeLink::join(config, [this] {
+        std::lock_guard lock(impl_->mutex);
+        return impl_->pending_cancel != 0;
+      });
+    } catch (const detail::NodeJoinError& e) {
+      RunReport report;
+      report.outcome = Outcome::node_lost;
+      report.exit_code = to_int(ExitCode::node_lost);
+      report.run_id = spec.run_id;
+      report.run_dir = spec.run_dir;
+      report.message = "run " + spec.run_id + ": " + e.what() + "; no rank was started";
+      report.wall_seconds = detail::now_seconds() - started;
+      {
+        std::lock_guard lock(impl_->mutex);
+        if (impl_->pending_cancel) {
+          report.outcome = Outcome::interrupted;
+          report.interrupt_signal = impl_->pending_cancel;
+          report.exit_code = exit_code_for_signal(impl_->pending_cancel);
+        }
+      }
+      try {
+        detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json(report, spec));
+      } catch (const std::system_error&) {
+      }
+      return report;
+    }
+    link->start([this](const detail::NodeDown& down) {
+      std::lock_guard lock(impl_->mutex);
+      if (impl_->pending_abort.empty()) impl_->pending_abort = down.message;
+      if (impl_->supervisor) impl_->supervisor->abort(down.message);
+    });
   }
 
   std::vector<std::string> rank_argv = {rank_binary, "--kind", entry_kind(spec.entry), "--target", target};
@@ -243,7 +351,6 @@ RunReport Launcher::run() {
 
   // One Supervisor per attempt: a failed attempt is over (every rank reaped, every pipe
   // drained) before the next one starts, with the same run directory, port and logs.
-  const double started = detail::now_seconds();
   std::vector<std::string> failed_attempts;
   RunReport report;
   bool warm = !spec.warm_socket.empty();
@@ -253,7 +360,9 @@ RunReport Launcher::run() {
     detail::Supervisor::Plan plan;
     plan.spec = &spec;
     plan.callbacks = &impl_->callbacks;
-    plan.context = {spec.run_id, spec.run_dir, port.port(), static_cast<int>(::getpid()), 3, attempt};
+    plan.context = {spec.run_id, spec.run_dir, master_port, static_cast<int>(::getpid()), 3, attempt};
+    if (link)
+      plan.on_teardown = [&link](Outcome, const std::string& why, bool cascade) { link->tell_down(why, cascade); };
     plan.base_env = base_env;
     plan.rank_argv = rank_argv;
     if (spec.timeout.count() > 0) {
@@ -276,6 +385,7 @@ RunReport Launcher::run() {
       std::lock_guard lock(impl_->mutex);
       impl_->supervisor = &supervisor;
       if (impl_->pending_cancel) supervisor.cancel(impl_->pending_cancel);
+      if (!impl_->pending_abort.empty()) supervisor.abort(impl_->pending_abort);
     }
     report = supervisor.run();
     {
@@ -310,6 +420,8 @@ RunReport Launcher::run() {
       r.result_blob.reset();
     }
   }
+  if (link) settle_with_other_nodes(*link, spec, report, started);
+  link.reset();  // what it still has to say is sent; then the connections close
   report.restarts = attempt;
   report.warm = warm;
   report.start_mode = start_mode;

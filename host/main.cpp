@@ -78,6 +78,8 @@ LaunchSpec make_spec(const HostOptions& opts, ClusterResolution& cluster) {
   if (s.nnodes) spec.nnodes = *s.nnodes;
   if (s.node_rank) spec.node_rank = *s.node_rank;
   if (s.max_restarts) spec.max_restarts = *s.max_restarts;
+  if (s.node_timeout) spec.node_timeout = *s.node_timeout;
+  if (s.join_timeout) spec.join_timeout = *s.join_timeout;
   if (s.prefix) spec.output.prefix = *s.prefix;
   if (s.ranks) spec.output.ranks = *s.ranks;
   spec.env = s.env;

@@ -25,6 +25,7 @@ const char* to_string(Outcome o) noexcept {
     case Outcome::timed_out: return "timed_out";
     case Outcome::interrupted: return "interrupted";
     case Outcome::not_started: return "not_started";
+    case Outcome::node_lost: return "node_lost";
   }
   return "unknown";
 }
@@ -93,7 +94,8 @@ std::string run_json(const RunReport& report, const LaunchSpec& spec) {
     << q(kind_name(spec.entry.kind)) << ", \"target\": " << q(spec.entry.target) << ", \"function\": "
     << q(spec.entry.function) << ", \"args\": [";
   for (std::size_t i = 0; i < spec.entry.args.size(); ++i) o << (i ? ", " : "") << q(spec.entry.args[i]);
-  o << "]},\n  \"nprocs\": " << spec.nprocs << ",\n  \"ranks\": [";
+  o << "]},\n  \"nprocs\": " << spec.nprocs << ",\n  \"nnodes\": " << spec.nnodes << ",\n  \"node_rank\": "
+    << spec.node_rank << ",\n  \"ranks\": [";
   for (std::size_t i = 0; i < report.ranks.size(); ++i) {
     const auto& r = report.ranks[i];
     o << (i ? "," : "") << "\n    {\"rank\": " << r.rank << ", \"local_rank\": " << r.local_rank

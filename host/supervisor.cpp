@@ -48,6 +48,8 @@ constexpr double kReapSeconds = 2.0;
 
 constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
+}  // namespace
+
 // An error a rank raises because another rank went away: gloo's and NCCL's words for a peer
 // that closed its connection or aborted the communicator.
 bool is_lost_peer_error(const ErrorRecord& e) {
@@ -57,8 +59,6 @@ bool is_lost_peer_error(const ErrorRecord& e) {
     if (e.message.find(words) != std::string::npos) return true;
   return false;
 }
-
-}  // namespace
 
 struct Supervisor::Impl {
   struct Rank;
@@ -113,6 +113,11 @@ struct Supervisor::Impl {
   std::map<int, std::uint64_t> reported;  // escaped processes the guard was told about
   uv_async_t async{};
   std::atomic<int> cancel_signal{0};
+  std::atomic<bool> abort_pending{false};
+  std::string abort_why;      // guarded by async_mutex until the loop reads it
+  std::string node_lost_why;  // the loop's copy
+  std::string teardown_cause; // for plan.on_teardown: what made a rank fail
+  bool teardown_cascade = false;
   std::mutex async_mutex;  // guards async_ready: cancel() may race the loop's start and end
   bool async_ready = false;
   bool finishing = false;
@@ -492,6 +497,15 @@ struct Supervisor::Impl {
     if (plan.callbacks->on_rank_event)
       plan.callbacks->on_rank_event({RankEvent::Kind::exited, r.report.rank, r.report.pid, r.report.exit_code, sig});
 
+    if (!ok && !r.signalled && !tearing_down) {
+      teardown_cause = "failed: rank " + std::to_string(r.report.rank) +
+                       (sig ? " was killed by " + signal_name(sig) : " exited with code " + std::to_string(status));
+      if (r.report.error) {
+        const auto& m = r.report.error->message;
+        teardown_cause += " (" + r.report.error->type + ": " + m.substr(0, std::min(m.find('\n'), std::size_t{200})) + ")";
+        teardown_cascade = is_lost_peer_error(*r.report.error);
+      }
+    }
     if (!ok && !r.signalled) begin_teardown(Outcome::failed, SIGTERM);
     // The last rank is gone: so goes whatever of the run still runs outside the ranks'
     // groups (a server started in a new session, a daemon), before the pipes it may hold
@@ -533,11 +547,29 @@ struct Supervisor::Impl {
     teardown_started_at = now_seconds();
     teardown_reason = reason;
     if (reason == Outcome::interrupted) interrupt_signal = sig;
+    if (plan.on_teardown) {
+      std::string why = reason == Outcome::timed_out     ? "timed out (--timeout " + std::to_string(spec().timeout.count()) + " s)"
+                        : reason == Outcome::interrupted ? "was interrupted by " + signal_name(sig)
+                        : reason == Outcome::node_lost   ? "stopped its ranks (" + node_lost_why + ")"
+                        : teardown_cause.empty()         ? std::string("failed")
+                                                         : teardown_cause;
+      plan.on_teardown(reason, why, reason == Outcome::node_lost || (reason == Outcome::failed && teardown_cascade));
+    }
     signal_running(sig);
     const auto grace = static_cast<uint64_t>(std::max<int64_t>(0, spec().grace.count()));
     uv_timer_start(&grace_timer, [](uv_timer_t* t) {
       static_cast<Impl*>(t->data)->signal_running(SIGKILL);
     }, grace, 0);
+  }
+
+  // Another node is gone (abort()): stop this node's ranks as Outcome::node_lost.
+  void take_abort() {
+    if (!abort_pending.exchange(false)) return;
+    {
+      std::lock_guard lock(async_mutex);
+      if (node_lost_why.empty()) node_lost_why = abort_why;
+    }
+    begin_teardown(Outcome::node_lost, SIGTERM);
   }
 
   // ---- completion ----------------------------------------------------------------------
@@ -617,6 +649,12 @@ struct Supervisor::Impl {
       rep.exit_code = to_int(ExitCode::timeout);
       rep.message = run + " timed out after " + std::to_string(spec().timeout.count()) +
                     " s; every rank was stopped (raise --timeout, or 0 to disable it)";
+    } else if (teardown_reason == Outcome::node_lost) {
+      // Whatever this node's ranks raised after that came from the other node's loss.
+      rep.outcome = Outcome::node_lost;
+      rep.exit_code = to_int(ExitCode::node_lost);
+      rep.root_cause = -1;
+      rep.message = run + ": " + node_lost_why + "; this node's ranks were stopped";
     } else if (teardown_reason == Outcome::interrupted) {
       rep.outcome = Outcome::interrupted;
       rep.exit_code = exit_code_for_signal(interrupt_signal);
@@ -659,6 +697,7 @@ struct Supervisor::Impl {
     uv_async_init(&loop, &async, [](uv_async_t* a) {
       auto* self = static_cast<Impl*>(a->data);
       if (int sig = self->cancel_signal.exchange(0)) self->begin_teardown(Outcome::interrupted, sig);
+      self->take_abort();
     });
     async.data = this;
     {
@@ -747,6 +786,7 @@ struct Supervisor::Impl {
       }, static_cast<uint64_t>(plan.time_limit.count()), 0);
     }
     if (int sig = cancel_signal.exchange(0)) begin_teardown(Outcome::interrupted, sig);
+    take_abort();
     maybe_finish();  // nothing started at all (every spawn failed)
 
     uv_run(&loop, UV_RUN_DEFAULT);
@@ -760,6 +800,14 @@ Supervisor::Supervisor(Plan plan, std::unique_ptr<RankStarter> starter)
     : impl_(std::make_unique<Impl>(std::move(plan), std::move(starter))) {}
 
 Supervisor::~Supervisor() = default;
+
+void Supervisor::abort(const std::string& why) {
+  std::lock_guard lock(impl_->async_mutex);
+  if (impl_->abort_why.empty()) impl_->abort_why = why;
+  impl_->abort_pending.store(true);
+  if (impl_->async_ready) uv_async_send(&impl_->async);
+  // Otherwise run() has not reached its loop yet and picks it up before it does.
+}
 
 RunReport Supervisor::run() { return impl_->run(); }
 

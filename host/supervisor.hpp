@@ -2,6 +2,8 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <string>
 #include <memory>
 
 #include "airhost/launcher.hpp"
@@ -17,6 +19,10 @@ namespace airhost::detail {
 //      └──(every rank exits 0)──────────────────────────▶ done   SIGKILL after the grace
 //
 // "done" means every rank is reaped and every pipe has reached EOF, so no output is lost.
+// An error a rank raises because another rank went away (gloo's and NCCL's words for a peer
+// that closed its connection or aborted the communicator): a cascade, not a root cause.
+bool is_lost_peer_error(const ErrorRecord& e);
+
 class Supervisor {
  public:
   struct Plan {
@@ -28,6 +34,11 @@ class Supervisor {
     // What is left of spec.timeout for this attempt (earlier attempts of a restarted run used
     // the rest); 0 = no limit.
     std::chrono::milliseconds time_limit{0};
+    // Called once, on the loop's thread, when the teardown begins: `why` is a predicate for
+    // "node N (host) ...", e.g. "failed: rank 3 exited with code 1 (ValueError: boom)";
+    // `cascade` when this node only follows another one's failure (abort(), or a rank that
+    // failed because it lost a peer). The node link tells the other nodes with it.
+    std::function<void(Outcome reason, const std::string& why, bool cascade)> on_teardown;
   };
 
   Supervisor(Plan plan, std::unique_ptr<RankStarter> starter);
@@ -40,6 +51,10 @@ class Supervisor {
 
   // Any thread: tear the run down as if the host got `sig`.
   void cancel(int sig) noexcept;
+
+  // Any thread: another node of the run failed or was lost (`why` says which); tear down with
+  // Outcome::node_lost, unless a teardown is already under way.
+  void abort(const std::string& why);
 
  private:
   struct Impl;

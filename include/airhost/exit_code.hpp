@@ -13,6 +13,14 @@ enum class ExitCode : int {
   no_accelerator = 3,   // `airhost doctor`: the node has no usable GPU
   preflight_failed = 4, // `--preflight` refused the node, or `airhost doctor` found a failing check
   timeout = 124,        // the run outlived its timeout (same code as coreutils `timeout`)
+  node_lost = 138,      // several nodes: another node failed, was stopped or lost (or never
+                        // joined), so this node's ranks were stopped; the message names it.
+                        // The failing node itself exits with its own rank's code. 138 is the
+                        // code Kubeflow's training operator retries as "user-defined
+                        // retryable" under restartPolicy: ExitCode (128 + SIGUSR1, a signal
+                        // airhost never sends): a healthy node that only followed another
+                        // one's loss must not fail the job for good. A rank killed by SIGUSR1
+                        // also gives 138, with another message.
   hangup = 129,         // host got SIGHUP (128 + 1)
   interrupted = 130,    // host got SIGINT / Ctrl-C, or a cancel() (128 + 2)
   terminated = 143,     // host got SIGTERM (128 + 15)

@@ -46,7 +46,15 @@ struct LaunchSpec {
   Entry entry;
   int nprocs = 1;                         // ranks on this node (LOCAL_WORLD_SIZE)
   int node_rank = 0;                      // GROUP_RANK of this node
-  int nnodes = 1;                         // nodes in the job; WORLD_SIZE = nnodes * nprocs
+  int nnodes = 1;                         // nodes in the job; WORLD_SIZE = nnodes * nprocs. With
+                                          // more than one, each node's host joins node 0's host at
+                                          // master_addr:master_port before any rank starts (the
+                                          // nodes must agree on nnodes and nprocs), and stays
+                                          // linked to it: see node_timeout
+  std::chrono::seconds node_timeout{30};  // several nodes: another node silent this long is lost,
+                                          // and this node's ranks are stopped (exit 138); a node
+                                          // whose airhost exits or is killed is lost at once
+  std::chrono::seconds join_timeout{600}; // several nodes: how long the nodes may take to join
   std::vector<int> devices;               // the run's GPUs (CUDA_VISIBLE_DEVICES, in order); LOCAL_RANK indexes them; empty = CPU ranks
   std::string python;                     // interpreter whose environment ranks use; empty = default
   std::map<std::string, std::string> env; // extra variables for every rank, applied last
@@ -59,7 +67,8 @@ struct LaunchSpec {
   std::string run_id;                     // empty = generated
   std::string run_dir;                    // empty = <runs root>/<run_id>
   std::string master_addr = "127.0.0.1";  // MASTER_ADDR given to every rank
-  int master_port = 0;                    // 0 = a free port, reserved for the run's lifetime
+  int master_port = 0;                    // 0 = a free port, reserved for the run's lifetime;
+                                          // required with several nodes (node 0 listens there)
   std::string rank_binary;                // the rank executable; empty = found next to airhost
   std::string working_dir;                // ranks' cwd; empty = the caller's
   OutputOptions output;

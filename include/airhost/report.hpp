@@ -112,6 +112,8 @@ enum class Outcome {
   timed_out,    // the timeout stopped the run
   interrupted,  // a signal to the host or cancel() stopped the run
   not_started,  // the launch failed before any rank ran (see RunReport::message)
+  node_lost,    // several nodes: another node failed, was stopped or lost, or never joined;
+                // this node's ranks were stopped (or had succeeded: the job did not)
 };
 
 const char* to_string(Outcome o) noexcept;

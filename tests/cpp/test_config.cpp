@@ -53,6 +53,10 @@ run_dir = "/scratch/runs/exp1"
 master_addr = "10.0.0.1"
 master_port = 29500
 max_restarts = 3
+nnodes = 4
+node_rank = 3
+node_timeout = "45s"
+join_timeout = 120
 warm = false
 preload = ["torch", "numpy"]
 preflight = true
@@ -74,6 +78,10 @@ OMP_NUM_THREADS = "4"
   CHECK(s.master_addr == "10.0.0.1");
   CHECK(s.master_port == 29500);
   CHECK(s.max_restarts == 3);
+  CHECK(s.nnodes == 4);
+  CHECK(s.node_rank == 3);
+  CHECK(s.node_timeout == 45s);
+  CHECK(s.join_timeout == 120s);
   CHECK(s.warm == false);
   CHECK(s.preload == "torch,numpy");
   CHECK(s.preflight == true);
@@ -92,6 +100,10 @@ TEST_CASE("an empty config file gives no setting at all") {
   CHECK_FALSE(s.master_addr);
   CHECK_FALSE(s.master_port);
   CHECK_FALSE(s.max_restarts);
+  CHECK_FALSE(s.nnodes);
+  CHECK_FALSE(s.node_rank);
+  CHECK_FALSE(s.node_timeout);
+  CHECK_FALSE(s.join_timeout);
   CHECK_FALSE(s.preflight);
   CHECK_FALSE(s.prefix);
   CHECK_FALSE(s.ranks);
@@ -160,6 +172,13 @@ TEST_CASE("each config error names the file, line, column and key, and says what
        "got 70000; e.g. master_port = 29500"},
       {"master_port = -1\n", "cfg.toml:1:15: key 'master_port'", "got -1"},
       {"max_restarts = 1001\n", "cfg.toml:1:16: key 'max_restarts' must be an integer from 0 to 1000", "got 1001"},
+      {"nnodes = 0\n", "cfg.toml:1:10: key 'nnodes' must be a positive integer (the number of nodes)", "got 0"},
+      {"node_rank = -1\n", "cfg.toml:1:13: key 'node_rank' must be a non-negative integer", "got -1"},
+      {"node_timeout = 0\n", "cfg.toml:1:16: key 'node_timeout' must be a whole number of seconds, at least 1",
+       "got 0; e.g. node_timeout = \"30s\""},
+      {"join_timeout = \"500ms\"\n", "cfg.toml:1:16: key 'join_timeout' must be a whole number of seconds",
+       "got '500ms'"},
+      {"nodes = 2\n", "cfg.toml:1:1: unknown key 'nodes' (did you mean 'nnodes'?)", "see configs/default.toml"},
       {"preload = \"torch\"\n", "cfg.toml:1:11: key 'preload' must be an array of module names", "preload = [\"torch\", \"numpy\"]"},
       {"warm = 1\n", "cfg.toml:1:8: key 'warm' must be a boolean", "warm = false"},
       {"preflight = \"yes\"\n", "cfg.toml:1:13: key 'preflight' must be a boolean, got a string",
@@ -346,6 +365,10 @@ TEST_CASE("configs/default.toml is valid and matches the built-in defaults") {
   CHECK_FALSE(s.master_addr);  // left out, so that Slurm's or Kubernetes' can apply (cluster_env.hpp)
   CHECK(s.master_port == spec.master_port);
   CHECK(s.max_restarts == spec.max_restarts);
+  CHECK(s.nnodes == spec.nnodes);
+  CHECK(s.node_rank == spec.node_rank);
+  CHECK(s.node_timeout == spec.node_timeout);
+  CHECK(s.join_timeout == spec.join_timeout);
   CHECK(s.warm == true);
   CHECK_FALSE(s.preload);
   CHECK(s.preflight == false);

@@ -202,7 +202,8 @@ def test_as_pid1_sigterm_is_forwarded_to_the_ranks_and_exits_143(as_pid1):
     host = as_pid1.start(script("orphans.py"), "-n", "2", "--", "--all", "--then-sleep")
     host.wait_printed([0, 1], "no zombie")
     pid = host_of(host)
-    assert Path(f"/proc/{pid}/status").read_text().split("NSpid:")[1].split()[-1] == "1"  # PID 1 inside
+    nspid = Path(f"/proc/{pid}/status").read_text().split("NSpid:")[1].splitlines()[0].split()
+    assert nspid[-1] == "1", nspid  # PID 1 inside
     os.kill(pid, signal.SIGTERM)  # from outside, as `docker stop` does
     run = host.finish(timeout=20)
     run.assert_rc(143)

@@ -1,0 +1,276 @@
+// The node link between the hosts of a multi-node run: its hello codec, node 0's checks, and
+// real links over 127.0.0.1 between threads of this process (join, refusal, reports, loss by
+// close and by silence, the exit barrier).
+#include <doctest/doctest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "airhost/launcher.hpp"
+#include "frames.hpp"
+#include "node_link.hpp"
+
+using namespace airhost;
+using namespace airhost::detail;
+using namespace std::chrono_literals;
+
+namespace {
+
+NodeHello node(int rank, int nnodes, int nprocs, const std::string& host, const std::string& address = "") {
+  NodeHello h;
+  h.node_rank = rank;
+  h.nnodes = nnodes;
+  h.nprocs = nprocs;
+  h.host = host;
+  h.address = address;
+  return h;
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+NodeLinkConfig config(int rank, int nnodes, int nprocs, int port) {
+  NodeLinkConfig c;
+  c.node_rank = rank;
+  c.nnodes = nnodes;
+  c.nprocs = nprocs;
+  c.master_addr = "127.0.0.1";
+  c.master_port = port;
+  c.node_timeout = 1s;
+  c.join_timeout = 5s;
+  c.say = false;
+  return c;
+}
+
+struct Downs {
+  std::mutex m;
+  std::vector<NodeDown> seen;
+  std::function<void(const NodeDown&)> callback() {
+    return [this](const NodeDown& d) {
+      std::lock_guard l(m);
+      seen.push_back(d);
+    };
+  }
+  std::vector<NodeDown> get() {
+    std::lock_guard l(m);
+    return seen;
+  }
+};
+
+template <typename F>
+bool eventually(F f, std::chrono::milliseconds limit = 5s) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < until) {
+    if (f()) return true;
+    std::this_thread::sleep_for(20ms);
+  }
+  return f();
+}
+
+// Node 0 and node 1 joined over 127.0.0.1.
+std::pair<std::unique_ptr<NodeLink>, std::unique_ptr<NodeLink>> joined_pair(int port) {
+  auto zero = std::async(std::launch::async, [port] { return NodeLink::join(config(0, 2, 2, port), {}); });
+  auto one = NodeLink::join(config(1, 2, 2, port), {});
+  return {zero.get(), std::move(one)};
+}
+
+}  // namespace
+
+TEST_CASE("a hello survives its codec, and garbage is refused") {
+  const NodeHello h = node(3, 4, 8, "gpu-d");
+  const NodeHello back = decode_hello(encode_hello(h));
+  CHECK(back.version == kNodeLinkVersion);
+  CHECK(back.node_rank == 3);
+  CHECK(back.nnodes == 4);
+  CHECK(back.nprocs == 8);
+  CHECK(back.host == "gpu-d");
+  CHECK(back.address.empty());  // filled by node 0 from the connection, never sent
+  CHECK_THROWS_AS(decode_hello("not fields"), FrameError);
+  CHECK_THROWS_AS(decode_hello(encode_fields({{"host", "x"}})), FrameError);
+}
+
+TEST_CASE("a node is named by rank, host and address") {
+  CHECK(describe_node(node(1, 2, 2, "gpu-b", "10.0.0.2")) == "node 1 (gpu-b, 10.0.0.2)");
+  CHECK(describe_node(node(0, 2, 2, "gpu-a")) == "node 0 (gpu-a)");
+}
+
+TEST_CASE("node 0 checks that the nodes agree, and names who said what") {
+  const NodeHello self = node(0, 3, 2, "gpu-a");
+  CHECK(check_nodes(self, {}) == "");
+  CHECK(check_nodes(self, {node(2, 3, 2, "gpu-c", "10.0.0.3"), node(1, 3, 2, "gpu-b", "10.0.0.2")}) == "");
+  CHECK(check_nodes(self, {node(1, 3, 1, "gpu-b", "10.0.0.2")}) ==
+        "the nodes disagree on the ranks per node: node 0 (gpu-a) runs 2, node 1 (gpu-b, 10.0.0.2) runs 1; every "
+        "node must run the same number (-n/--accelerators), since WORLD_SIZE = nnodes x ranks per node");
+  CHECK(check_nodes(self, {node(1, 2, 2, "gpu-b", "10.0.0.2")}) ==
+        "the nodes disagree on the number of nodes: node 0 (gpu-a) was given --nnodes 3, the node on gpu-b "
+        "(10.0.0.2) --nnodes 2; give every node the same --nnodes");
+  CHECK(check_nodes(self, {node(1, 3, 2, "gpu-b", "10.0.0.2"), node(1, 3, 2, "gpu-c", "10.0.0.3")}) ==
+        "two nodes were given --node-rank 1: gpu-b (10.0.0.2) and gpu-c (10.0.0.3); give each node its own "
+        "--node-rank");
+  CHECK(check_nodes(self, {node(0, 3, 2, "gpu-b", "10.0.0.2")}) ==
+        "two nodes were given --node-rank 0: gpu-a and gpu-b (10.0.0.2); node 0 is the one at --master-addr, give "
+        "the others 1..2");
+  CHECK(check_nodes(self, {node(5, 3, 2, "gpu-b")}) ==
+        "the node on gpu-b was given --node-rank 5, but the job has 3 nodes (node ranks 0..2)");
+  NodeHello future = node(1, 3, 2, "gpu-b");
+  future.version = kNodeLinkVersion + 1;
+  CHECK(check_nodes(self, {future}).find("speaks node link protocol 2, node 0 (gpu-a) speaks 1; install the same "
+                                         "airhost version on every node") != std::string::npos);
+}
+
+TEST_CASE("an unresolvable master address is named, a numeric one resolves") {
+  CHECK(resolve_problem("127.0.0.1") == "");
+  CHECK(resolve_problem("no-such-host.invalid") != "");
+}
+
+TEST_CASE("two nodes join, tell each other of a failure, and node 0 relays nothing back") {
+  const int port = free_port();
+  auto [zero, one] = joined_pair(port);
+  REQUIRE(zero);
+  REQUIRE(one);
+  CHECK(zero->nodes().size() == 2);
+  CHECK(zero->nodes()[1].address == "127.0.0.1");
+  CHECK(one->nodes()[0].address == "127.0.0.1");
+  Downs at_zero, at_one;
+  zero->start(at_zero.callback());
+  one->start(at_one.callback());
+
+  one->tell_down("failed: rank 3 exited with code 7 (ValueError: boom)", false);
+  REQUIRE(eventually([&] { return at_zero.get().size() == 1; }));
+  const NodeDown d = at_zero.get()[0];
+  CHECK(d.node == 1);
+  CHECK_FALSE(d.cascade);
+  CHECK(d.message.find("node 1 (") == 0);
+  CHECK(d.message.find(") failed: rank 3 exited with code 7 (ValueError: boom)") != std::string::npos);
+  // Node 1's airhost closes after its report: expected, not a second event.
+  one.reset();
+  std::this_thread::sleep_for(300ms);
+  CHECK(at_zero.get().size() == 1);
+  CHECK(zero->down()->message == d.message);
+  CHECK(at_one.get().empty());
+}
+
+TEST_CASE("a node whose connection closes without a word is lost at once") {
+  const int port = free_port();
+  auto [zero, one] = joined_pair(port);
+  Downs at_zero;
+  zero->start(at_zero.callback());
+  one.reset();  // never started, never said anything: like an airhost that was SIGKILLed
+  REQUIRE(eventually([&] { return at_zero.get().size() == 1; }, 900ms));  // well before node_timeout
+  CHECK(at_zero.get()[0].message.find("was lost: its connection closed (its airhost exited or was killed)") !=
+        std::string::npos);
+}
+
+TEST_CASE("a node that stays silent for node_timeout is lost") {
+  const int port = free_port();
+  auto zero = std::async(std::launch::async, [port] { return NodeLink::join(config(0, 2, 2, port), {}); });
+  // A node that joins, then never sends another byte (cut off from the network).
+  int fd = -1;
+  REQUIRE(eventually([&] {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return true;
+    ::close(fd);
+    return false;
+  }));
+  const std::string hello = encode_frame(static_cast<std::uint16_t>(LinkKind::hello), encode_hello(node(1, 2, 2, "mute")));
+  REQUIRE(::send(fd, hello.data(), hello.size(), 0) == static_cast<ssize_t>(hello.size()));
+  auto link = zero.get();
+  Downs at_zero;
+  const auto t0 = std::chrono::steady_clock::now();
+  link->start(at_zero.callback());
+  REQUIRE(eventually([&] { return !at_zero.get().empty(); }, 4s));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(waited >= 900ms);
+  CHECK(waited < 3s);
+  CHECK(at_zero.get()[0].message == "node 1 (mute, 127.0.0.1) was lost: nothing heard from it for 1 s (node_timeout)");
+  ::close(fd);
+}
+
+TEST_CASE("nodes that disagree are refused on both sides with one message") {
+  const int port = free_port();
+  auto zero = std::async(std::launch::async, [port] { return NodeLink::join(config(0, 2, 2, port), {}); });
+  std::string at_one, at_zero;
+  try {
+    NodeLink::join(config(1, 2, 1, port), {});
+  } catch (const LaunchError& e) {
+    at_one = e.what();
+  }
+  try {
+    zero.get();
+  } catch (const LaunchError& e) {
+    at_zero = e.what();
+  }
+  CHECK(at_one.find("the nodes disagree on the ranks per node: node 0 (") == 0);
+  CHECK(at_one.find(") runs 2, node 1 (") != std::string::npos);
+  CHECK(at_one.find(") runs 1; every node must run the same number") != std::string::npos);
+  CHECK(at_zero == at_one);
+}
+
+TEST_CASE("a node that finds no node 0 gives up at the join timeout") {
+  NodeLinkConfig c = config(1, 2, 2, free_port());
+  c.join_timeout = 1s;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(NodeLink::join(c, {}), doctest::Contains("node 0 did not answer at 127.0.0.1:"), NodeJoinError);
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  c.node_rank = 0;
+  CHECK_THROWS_WITH_AS(NodeLink::join(c, {}), doctest::Contains("node 1 did not join node 0"), NodeJoinError);
+}
+
+TEST_CASE("the exit barrier ends when every node is done, and reports a node that fails instead") {
+  SUBCASE("both done") {
+    auto [zero, one] = joined_pair(free_port());
+    zero->start({});
+    one->start({});
+    auto zero_done = std::async(std::launch::async, [&z = zero] { return z->finish(5s); });
+    std::this_thread::sleep_for(200ms);  // node 0 waits for node 1
+    CHECK(zero_done.wait_for(0ms) == std::future_status::timeout);
+    CHECK_FALSE(one->finish(5s));
+    CHECK_FALSE(zero_done.get());
+  }
+  SUBCASE("node 1 fails while node 0 waits") {
+    auto [zero, one] = joined_pair(free_port());
+    zero->start({});
+    one->start({});
+    auto zero_done = std::async(std::launch::async, [&z = zero] { return z->finish(5s); });
+    one->tell_down("failed: rank 2 was killed by SIGKILL", false);
+    auto down = zero_done.get();
+    REQUIRE(down);
+    CHECK(down->message.find(") failed: rank 2 was killed by SIGKILL") != std::string::npos);
+  }
+}
+
+TEST_CASE("a node that arrives just after node 0 refused the others is refused too, not left waiting") {
+  const int port = free_port();
+  auto zero = std::async(std::launch::async, [port] { return NodeLink::join(config(0, 3, 2, port), {}); });
+  auto late = std::async(std::launch::async, [port] {
+    std::this_thread::sleep_for(700ms);
+    return NodeLink::join(config(2, 3, 2, port), {});
+  });
+  CHECK_THROWS_WITH_AS(NodeLink::join(config(1, 3, 4, port), {}),
+                       doctest::Contains("the nodes disagree on the ranks per node"), LaunchError);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(late.get(), doctest::Contains("the nodes disagree on the ranks per node"), LaunchError);
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  CHECK_THROWS_AS(zero.get(), LaunchError);
+}

@@ -1,0 +1,232 @@
+"""Several nodes on this machine: two airhosts on 127.0.0.1, one with --node-rank 0 and one
+with --node-rank 1, form one world; the nodes' disagreements and bad input are errors on
+every node before any rank starts; a node that fails, is killed, frozen or interrupted makes
+the other end within node_timeout, naming it, with no process left. (tests/py/test_netns.py
+does the same across two network namespaces.)"""
+import os
+import re
+import signal
+import socket
+import time
+
+import pytest
+
+from conftest import live_processes, script, wait_until_gone
+
+pytestmark = pytest.mark.timeout(90)
+
+NODE_TIMEOUT = 3  # tight, so that the tests of a lost node are quick
+COMMON = ("--node-timeout", str(NODE_TIMEOUT), "--grace", "2", "--join-timeout", "60")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node(airhost, rank, port, *args, nnodes=2, n=2, script_args=()):
+    return airhost.start(*args, "-n", str(n), "--nnodes", str(nnodes), "--node-rank", str(rank),
+                         "--master-addr", "127.0.0.1", "--master-port", str(port), *COMMON,
+                         *(("--", *script_args) if script_args else ()))
+
+
+def wait_ready(started, ranks):
+    started.wait_printed(ranks, "ready", timeout=60)
+
+
+def host_lines(run):
+    return [line for line in run.err.splitlines() if line.startswith("airhost: ")]
+
+
+# ---- one world ------------------------------------------------------------------------------
+
+
+def test_two_nodes_form_one_world_of_four_ranks(airhost):
+    port = free_port()
+    n0 = node(airhost, 0, port, script("node_world.py"))
+    n1 = node(airhost, 1, port, script("node_world.py"))
+    r1, r0 = n1.finish(), n0.finish()
+    r0.assert_rc(0)
+    r1.assert_rc(0)
+    seen = {}
+    for run, node_rank in ((r0, 0), (r1, 1)):
+        for rank, lines in run.console().items():
+            m = re.fullmatch(rb"rank (\d) local (\d) group (\d) world (\d) local_world (\d) nodes (\d) port (\d+) "
+                             rb"sum (\d+) dist_rank (\d)", lines[0])
+            assert m, lines
+            r, local, group, world, local_world, nodes, p, total, dist_rank = map(int, m.groups())
+            assert (r, group, world, local_world, nodes, p, total, dist_rank) == \
+                (rank, node_rank, 4, 2, 2, port, 10, rank), lines[0]
+            assert r == node_rank * 2 + local
+            seen[r] = node_rank
+        assert [r["rank"] for r in run.ranks] == [node_rank * 2, node_rank * 2 + 1]
+        assert run.run_json["nnodes"] == 2 and run.run_json["node_rank"] == node_rank
+    assert seen == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert any("all 2 nodes joined (node 1 (" in line for line in host_lines(r0)), r0.err
+    assert any("all 2 nodes joined at node 0 (" in line for line in host_lines(r1)), r1.err
+
+
+def test_node_1_may_start_first_and_waits_for_node_0(airhost):
+    port = free_port()
+    n1 = node(airhost, 1, port, script("node_world.py"))
+    time.sleep(1.5)
+    n0 = node(airhost, 0, port, script("node_world.py"))
+    r0, r1 = n0.finish(), n1.finish()
+    r0.assert_rc(0)
+    r1.assert_rc(0)
+    assert f"airhost: node 1 of 2: waiting for node 0 at 127.0.0.1:{port} (Connection refused)" in r1.err
+
+
+# ---- the nodes disagree, or the input is bad ----------------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["ranks per node", "number of nodes"])
+def test_nodes_that_disagree_both_exit_2_naming_who_said_what(airhost, what):
+    port = free_port()
+    n0 = node(airhost, 0, port, script("node_world.py"))
+    if what == "ranks per node":
+        n1 = node(airhost, 1, port, script("node_world.py"), n=1)
+        expected = re.compile(r"the nodes disagree on the ranks per node: node 0 \([^)]+\) runs 2, "
+                              r"node 1 \([^)]+, 127\.0\.0\.1\) runs 1; every node must run the same number")
+    else:
+        n1 = node(airhost, 1, port, script("node_world.py"), nnodes=3)
+        expected = re.compile(r"the nodes disagree on the number of nodes: node 0 \([^)]+\) was given --nnodes 2, "
+                              r"the node on \S+ \(127\.0\.0\.1\) --nnodes 3; give every node the same --nnodes")
+    r0, r1 = n0.finish(timeout=30), n1.finish(timeout=30)
+    for run in (r0, r1):
+        run.assert_rc(2)
+        assert expected.search(run.err), run.describe()
+        assert not run.run_json, "no rank may have started"
+        assert "[rank " not in run.out + run.err
+    assert r0.seconds < 15 and r1.seconds < 15
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--nnodes", "2", "--node-rank", "2", "--master-port", "29555"),
+     "airhost: --node-rank 2 is out of range for --nnodes 2: node ranks go from 0 to 1"),
+    (("--nnodes", "0"), "airhost: --nnodes must be a positive integer (the number of nodes), got '0'"),
+    (("--nnodes", "2", "--node-rank", "1", "--master-port", "29555", "--master-addr", "no-such-host.invalid"),
+     "airhost: master address 'no-such-host.invalid' does not resolve ("),
+    (("--nnodes", "2", "--node-rank", "1"), "airhost: with --nnodes 2, give --master-port: every node must be "
+                                            "given the same port, where node 0 listens"),
+    (("--nnodes", "2", "--master-port", "29555", "--max-restarts", "1"),
+     "airhost: --max-restarts cannot be used with several nodes"),
+    (("--nnodes", "2", "--node-timeout", "0", "--master-port", "29555"),
+     "airhost: --node-timeout must be at least 1 second, got '0'"),
+])
+def test_bad_multi_node_input_is_a_clear_error_and_starts_nothing(airhost, args, message):
+    run = airhost(script("node_world.py"), *args, timeout=30)
+    run.assert_rc(2)
+    assert message in run.err, run.describe()
+    assert not run.run_json
+    assert run.seconds < 10
+
+
+def test_a_master_port_in_use_on_node_0_is_named(airhost):
+    with socket.socket() as other:
+        other.bind(("0.0.0.0", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        run = airhost(script("node_world.py"), "-n", "2", "--nnodes", "2", "--master-port", str(port), timeout=30)
+    run.assert_rc(2)
+    assert f"cannot reserve master port {port}: Address already in use; pick another --master-port and give it " \
+           "to every node" in run.err, run.describe()
+    assert "[rank " not in run.out + run.err
+
+
+def test_a_node_that_finds_no_node_0_gives_up_at_the_join_timeout(airhost):
+    port = free_port()
+    run = airhost(script("node_world.py"), "-n", "1", "--nnodes", "2", "--node-rank", "1", "--master-port", str(port),
+                  "--join-timeout", "2", timeout=30)
+    run.assert_rc(138)
+    assert f"node 0 did not answer at 127.0.0.1:{port} within 2 s (join_timeout; last: Connection refused)" in run.err
+    assert run.run_json["outcome"] == "node_lost" and run.run_json["ranks"] == []
+    assert run.seconds < 10
+
+
+# ---- a node fails, is lost or is stopped ---------------------------------------------------------
+
+
+def assert_gone_quickly(run, bound):
+    assert run.seconds < bound, f"took {run.seconds:.1f} s\n{run.describe()}"
+
+
+def test_a_rank_failing_on_node_1_stops_node_0_naming_node_and_rank(airhost):
+    port = free_port()
+    loop = script("collective_loop.py")
+    n0 = node(airhost, 0, port, loop)
+    n1 = node(airhost, 1, port, loop, script_args=("--fail-rank", "3", "--fail-after", "1"))
+    r1, r0 = n1.finish(), n0.finish()
+    r1.assert_rc(1)
+    assert f"run {r1.run_id} failed: rank 3 exited with code 1 (ValueError: boom on rank 3)" in r1.err
+    r0.assert_rc(138)
+    assert re.search(rf"airhost: run {r0.run_id}: node 1 \([^)]+\) failed: rank 3 exited with code 1 "
+                     r"\(ValueError: boom on rank 3\); this node's ranks were (stopped|failed or were stopped as a "
+                     r"consequence)", r0.err), r0.describe()
+    assert r0.run_json["outcome"] == "node_lost" and r0.run_json["exit_code"] == 138
+    assert r0.run_json["root_cause"] == -1
+    assert "Root cause:" not in r0.err  # the cause is on node 1, not a rank here
+
+
+def test_killing_node_1s_airhost_ends_node_0_at_once(airhost):
+    port = free_port()
+    loop = script("collective_loop.py")
+    n0 = node(airhost, 0, port, loop)
+    n1 = node(airhost, 1, port, loop)
+    wait_ready(n0, [0, 1])
+    wait_ready(n1, [2, 3])
+    run_dir_1 = n1.run_dir()
+    t0 = time.monotonic()
+    n1.signal(signal.SIGKILL)
+    r0 = n0.finish(timeout=30)
+    ended = time.monotonic() - t0
+    r0.assert_rc(138)
+    assert ended < NODE_TIMEOUT, f"a closed connection is a lost node at once, took {ended:.1f} s"
+    assert re.search(r"node 1 \([^)]+, 127\.0\.0\.1\) was lost: its connection closed \(its airhost exited or was "
+                     r"killed\); this node's ranks were stopped", r0.err), r0.describe()
+    r1 = n1.finish(timeout=10, check_processes=False)
+    assert r1.rc == -signal.SIGKILL
+    left = wait_until_gone(run_id=run_dir_1.name, timeout=5)
+    assert not left, "node 1's ranks outlived its airhost:\n" + "\n".join(map(str, left))
+
+
+def test_a_frozen_node_is_lost_after_node_timeout_and_both_end(airhost):
+    port = free_port()
+    loop = script("collective_loop.py")
+    n0 = node(airhost, 0, port, loop)
+    n1 = node(airhost, 1, port, loop)
+    wait_ready(n0, [0, 1])
+    wait_ready(n1, [2, 3])
+    t0 = time.monotonic()
+    n1.signal(signal.SIGSTOP)  # its airhost sends no heartbeat; its connection stays open
+    try:
+        r0 = n0.finish(timeout=30)
+    finally:
+        n1.signal(signal.SIGCONT)
+    ended = time.monotonic() - t0
+    r0.assert_rc(138)
+    # Silence counts from its last heartbeat, up to 1 s before the SIGSTOP; then the grace.
+    assert NODE_TIMEOUT - 1.5 < ended < NODE_TIMEOUT + 2 + 3, f"ended after {ended:.1f} s"
+    assert re.search(rf"node 1 \([^)]+, 127\.0\.0\.1\) was lost: nothing heard from it for {NODE_TIMEOUT} s "
+                     r"\(node_timeout\); this node's ranks were stopped", r0.err), r0.describe()
+    # Node 1, thawed, finds node 0 gone (it said why first) and ends as well.
+    r1 = n1.finish(timeout=30)
+    r1.assert_rc(138)
+    assert re.search(rf"airhost: run {r1.run_id}: node 0 \([^)]+\) stopped its ranks \(node 1 \([^)]+\) was lost: "
+                     rf"nothing heard from it for {NODE_TIMEOUT} s \(node_timeout\)\)", r1.err), r1.describe()
+
+
+def test_an_interrupted_node_0_stops_node_1_saying_so(airhost):
+    port = free_port()
+    loop = script("collective_loop.py")
+    n0 = node(airhost, 0, port, loop)
+    n1 = node(airhost, 1, port, loop)
+    wait_ready(n0, [0, 1])
+    wait_ready(n1, [2, 3])
+    n0.signal(signal.SIGTERM)
+    r0, r1 = n0.finish(timeout=30), n1.finish(timeout=30)
+    r0.assert_rc(143)
+    r1.assert_rc(138)
+    assert re.search(rf"airhost: run {r1.run_id}: node 0 \([^)]+\) was interrupted by SIGTERM; this node's ranks "
+                     r"were (stopped|failed or were stopped as a consequence)", r1.err), r1.describe()
