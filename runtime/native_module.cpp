@@ -20,8 +20,8 @@
 #include "gpu/accelerator_types.hpp"
 #include "gpu/accelerators.hpp"
 #include "airhost/airhost.hpp"
-#include "config.hpp"
-#include "run_dir.hpp"
+#include "base/errors.hpp"
+#include "launch/run_dir.hpp"
 
 namespace py = pybind11;
 using namespace airhost;

@@ -23,7 +23,7 @@
 #include <string>
 
 #include "interpreter.hpp"
-#include "proc_tree.hpp"
+#include "launch/proc_tree.hpp"
 #include "rank_module.hpp"
 
 namespace {

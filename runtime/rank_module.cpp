@@ -13,7 +13,7 @@
 #include <string_view>
 #include <system_error>
 
-#include "frames.hpp"
+#include "launch/frames.hpp"
 #include "rank_module.hpp"
 
 namespace py = pybind11;

@@ -10,8 +10,8 @@
 
 #include <toml++/toml.h>
 
-#include "config.hpp"
-#include "util.hpp"
+#include "base/errors.hpp"
+#include "base/util.hpp"
 
 namespace airhost::detail {
 

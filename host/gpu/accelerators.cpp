@@ -13,7 +13,7 @@
 #include <cstring>
 #include <set>
 
-#include "config.hpp"
+#include "base/errors.hpp"
 #include "gpu/nvml.hpp"
 
 namespace airhost::detail {

@@ -7,7 +7,7 @@
 
 #include "airhost/exit_code.hpp"
 #include "gpu/doctor_parts.hpp"
-#include "util.hpp"
+#include "base/util.hpp"
 
 namespace airhost::detail::doctor {
 

@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "util.hpp"
+#include "base/util.hpp"
 
 namespace airhost::detail {
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "airhost/exit_code.hpp"
+#include "airhost/callbacks.hpp"
 #include "airhost/launch.hpp"
 #include "airhost/launcher.hpp"
 #include "airhost/report.hpp"

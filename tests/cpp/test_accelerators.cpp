@@ -16,7 +16,7 @@
 
 #include "gpu/accelerator_types.hpp"
 #include "gpu/accelerators.hpp"
-#include "config.hpp"
+#include "cli/config.hpp"
 
 #ifndef AIRHOST_FAKE_NVML_PATH
 #error "AIRHOST_FAKE_NVML_PATH must name libfake-nvidia-ml.so (tests/fake_nvml/CMakeLists.txt)"

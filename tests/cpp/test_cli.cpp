@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
+#include "cli/command_line.hpp"
 
 using namespace std::chrono_literals;
 using airhost::Entry;

@@ -1,8 +1,8 @@
 // Slurm host lists, Slurm and Kubeflow environments → topology, and flags over detection.
 #include <doctest/doctest.h>
 
-#include "cli.hpp"
-#include "cluster_env.hpp"
+#include "cli/command_line.hpp"
+#include "cli/cluster_env.hpp"
 
 using namespace airhost::detail;
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "airhost/launch.hpp"
-#include "config.hpp"
+#include "cli/config.hpp"
 
 using namespace std::chrono_literals;
 using airhost::detail::ConfigError;

@@ -1,6 +1,6 @@
 #include <doctest/doctest.h>
 
-#include "frames.hpp"
+#include "launch/frames.hpp"
 
 using namespace airhost::detail;
 

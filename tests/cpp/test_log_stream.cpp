@@ -4,7 +4,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "log_stream.hpp"
+#include "launch/log_stream.hpp"
 
 using namespace airhost::detail;
 

@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "airhost/launcher.hpp"
-#include "frames.hpp"
-#include "node_link.hpp"
+#include "launch/frames.hpp"
+#include "launch/node_link.hpp"
 
 using namespace airhost;
 using namespace airhost::detail;

@@ -2,7 +2,7 @@
 
 #include <map>
 
-#include "rank_env.hpp"
+#include "launch/rank_env.hpp"
 
 using namespace airhost;
 using namespace airhost::detail;

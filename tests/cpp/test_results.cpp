@@ -13,7 +13,7 @@
 
 #include "airhost/airhost.hpp"
 #include "support.hpp"
-#include "util.hpp"
+#include "base/util.hpp"
 
 using namespace airhost;
 using airhost_test::TempDir;

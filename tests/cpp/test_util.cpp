@@ -1,6 +1,6 @@
 #include <doctest/doctest.h>
 
-#include "util.hpp"
+#include "base/util.hpp"
 
 using namespace airhost::detail;
 

@@ -1,4 +1,4 @@
-#include "frames.hpp"
+#include "launch/frames.hpp"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-#include "warm_starter.hpp"
+#include "launch/warm_starter.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -15,7 +15,7 @@
 #include <system_error>
 
 #include "airhost/launch.hpp"
-#include "util.hpp"
+#include "base/util.hpp"
 
 namespace airhost::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include "log_stream.hpp"
+#include "launch/log_stream.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <system_error>
 
-#include "util.hpp"
+#include "base/util.hpp"
 
 namespace airhost::detail {
 

@@ -1,6 +1,6 @@
 // config.cpp — the TOML layer of Settings. Strict on purpose: a misspelt key or a wrong
 // type is an error with its line and column, never a silently ignored setting.
-#include "config.hpp"
+#include "cli/config.hpp"
 
 #include <algorithm>
 #include <cerrno>

@@ -1,4 +1,4 @@
-#include "port.hpp"
+#include "launch/port.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "group_guard.hpp"
+#include "launch/group_guard.hpp"
 
 #include <signal.h>
 #include <sys/socket.h>

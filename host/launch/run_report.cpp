@@ -2,8 +2,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "report_format.hpp"
-#include "util.hpp"
+#include "launch/run_report.hpp"
+#include "base/util.hpp"
 
 namespace airhost {
 

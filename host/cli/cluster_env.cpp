@@ -1,11 +1,11 @@
 // cluster_env.cpp — Slurm and Kubernetes environments → topology (see cluster_env.hpp for
 // every variable read and the sources they were checked against).
-#include "cluster_env.hpp"
+#include "cli/cluster_env.hpp"
 
 #include <charconv>
 #include <climits>
 
-#include "util.hpp"
+#include "base/util.hpp"
 
 namespace airhost::detail {
 

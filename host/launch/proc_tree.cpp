@@ -1,4 +1,4 @@
-#include "proc_tree.hpp"
+#include "launch/proc_tree.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "rank_env.hpp"
+#include "launch/rank_env.hpp"
 
 #include <map>
 

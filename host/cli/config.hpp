@@ -10,14 +10,9 @@
 #include <string_view>
 #include <vector>
 
-namespace airhost::detail {
+#include "base/errors.hpp"
 
-// A configuration or command-line error. what() is one sentence naming what was wrong
-// (for a file: "FILE:LINE:COLUMN: key 'timeout': ...") and what to do. Exit code 2.
-class ConfigError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+namespace airhost::detail {
 
 // Every setting a file or the command line can give. std::nullopt = not given, so that
 // the layers (defaults < file < flags) merge by "later given wins"; a setting given by no

@@ -56,7 +56,7 @@
 #include <string_view>
 #include <vector>
 
-#include "config.hpp"
+#include "cli/config.hpp"
 
 namespace airhost::detail {
 

@@ -1,4 +1,4 @@
-#include "rank_starter.hpp"
+#include "launch/rank_starter.hpp"
 
 #include <system_error>
 

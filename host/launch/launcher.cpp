@@ -12,13 +12,13 @@
 #include <system_error>
 
 #include "airhost/airhost.hpp"
-#include "node_link.hpp"
-#include "port.hpp"
-#include "report_format.hpp"
-#include "run_dir.hpp"
-#include "supervisor.hpp"
-#include "warm_starter.hpp"
-#include "util.hpp"
+#include "launch/node_link.hpp"
+#include "launch/port.hpp"
+#include "launch/run_report.hpp"
+#include "launch/run_dir.hpp"
+#include "launch/supervisor.hpp"
+#include "launch/warm_starter.hpp"
+#include "base/util.hpp"
 
 namespace airhost {
 

@@ -1,4 +1,4 @@
-#include "tracking.hpp"
+#include "cli/tracking.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "util.hpp"
+#include "base/util.hpp"
 
 extern char** environ;
 

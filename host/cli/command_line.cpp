@@ -1,6 +1,6 @@
 // cli.cpp — argv → HostOptions. Every mistake is caught here, before anything starts, with
 // one sentence that says what was wrong and what to type instead.
-#include "cli.hpp"
+#include "cli/command_line.hpp"
 
 #include <charconv>
 #include <climits>

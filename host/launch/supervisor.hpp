@@ -6,9 +6,10 @@
 #include <string>
 #include <memory>
 
-#include "airhost/launcher.hpp"
-#include "rank_env.hpp"
-#include "rank_starter.hpp"
+#include "airhost/callbacks.hpp"
+#include "airhost/report.hpp"
+#include "launch/rank_env.hpp"
+#include "launch/rank_starter.hpp"
 
 namespace airhost::detail {
 

@@ -1,5 +1,5 @@
 // node_link.cpp — see node_link.hpp for the protocol.
-#include "node_link.hpp"
+#include "launch/node_link.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "airhost/launcher.hpp"
-#include "frames.hpp"
+#include "launch/frames.hpp"
 
 namespace airhost::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include "supervisor.hpp"
+#include "launch/supervisor.hpp"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -18,11 +18,11 @@
 #include <system_error>
 
 #include "airhost/exit_code.hpp"
-#include "frames.hpp"
-#include "group_guard.hpp"
-#include "log_stream.hpp"
-#include "proc_tree.hpp"
-#include "util.hpp"
+#include "launch/frames.hpp"
+#include "launch/group_guard.hpp"
+#include "launch/log_stream.hpp"
+#include "launch/proc_tree.hpp"
+#include "base/util.hpp"
 
 namespace airhost::detail {
 namespace {

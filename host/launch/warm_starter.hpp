@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "frames.hpp"
-#include "rank_starter.hpp"
+#include "launch/frames.hpp"
+#include "launch/rank_starter.hpp"
 
 namespace airhost::detail {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "airhost/launch.hpp"
-#include "config.hpp"
+#include "cli/config.hpp"
 
 namespace airhost::detail {
 

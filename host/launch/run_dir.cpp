@@ -1,4 +1,4 @@
-#include "run_dir.hpp"
+#include "launch/run_dir.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,7 +11,7 @@
 #include <system_error>
 
 #include "airhost/launch.hpp"
-#include "util.hpp"
+#include "base/util.hpp"
 
 namespace airhost {
 

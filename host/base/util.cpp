@@ -1,4 +1,4 @@
-#include "util.hpp"
+#include "base/util.hpp"
 
 #include <poll.h>
 #include <string.h>

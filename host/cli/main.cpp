@@ -1,0 +1,217 @@
+// airhost — run a Python script or function on every accelerator of this node.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gpu/accelerators.hpp"
+#include "airhost/airhost.hpp"
+#include "cli/command_line.hpp"
+#include "cli/commands.hpp"
+#include "cli/cluster_env.hpp"
+#include "gpu/doctor.hpp"
+#include "launch/rank_env.hpp"
+#include "launch/run_report.hpp"
+#include "launch/run_dir.hpp"
+#include "cli/tracking.hpp"
+#include "base/util.hpp"
+#include "launch/warm_starter.hpp"
+
+using namespace airhost;
+using namespace airhost::detail;
+
+namespace {
+
+// SIGINT, SIGTERM and SIGHUP outside a run (while the command line is read, a preflight
+// runs, the run is written down): nothing of a run is alive to forward them to, so the host
+// ends as the signal would end it. It must be a handler, not SIG_DFL: as a container's PID 1
+// the kernel drops a signal whose action is the default, and `docker stop` would wait for its
+// SIGKILL. During a run the supervisor watches them instead, and puts this one back after.
+void on_signal_outside_a_run(int sig) {
+  if (::getpid() == 1) _exit(128 + sig);  // the contract's 128+signal (129 / 130 / 143)
+  ::signal(sig, SIG_DFL);  // elsewhere: die of it, exactly as without a handler
+  ::raise(sig);
+}
+
+void handle_signals_outside_a_run() {
+  struct sigaction sa{};
+  sa.sa_handler = on_signal_outside_a_run;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+}
+
+// HostOptions (flags over file over what Slurm or Kubernetes say over defaults: see
+// cluster_env.hpp) → a fully resolved LaunchSpec; `cluster` says where each value came from.
+LaunchSpec make_spec(const HostOptions& opts, ClusterResolution& cluster) {
+  cluster = resolve_cluster(opts.flags, opts.settings, opts.config_path, detect_cluster(current_environment_map()));
+  const Settings& s = cluster.settings;
+  LaunchSpec spec;
+  spec.entry = opts.entry;
+  spec.entry.module_target = opts.module_target;
+  const auto inventory = detect_accelerators();
+  spec.nprocs = s.accelerators.value_or(0) > 0 ? *s.accelerators : default_rank_count(inventory);
+  try {
+    spec.devices = assign_devices(inventory, spec.nprocs);
+  } catch (const ConfigError& e) {
+    const std::string& from = cluster.origin.at("accelerators");
+    if (from == "flag" || from == "default" || from.rfind("config ", 0) == 0) throw;
+    throw ConfigError(std::string(e.what()) + " (the count came from " + from + "; give -n to override it)");
+  }
+  if (s.timeout) spec.timeout = *s.timeout;
+  if (s.grace) spec.grace = *s.grace;
+  if (s.python) spec.python = *s.python;
+  if (s.run_dir) spec.run_dir = *s.run_dir;
+  if (s.master_addr) spec.master_addr = *s.master_addr;
+  if (s.master_port) spec.master_port = *s.master_port;
+  if (s.nnodes) spec.nnodes = *s.nnodes;
+  if (s.node_rank) spec.node_rank = *s.node_rank;
+  if (s.max_restarts) spec.max_restarts = *s.max_restarts;
+  if (s.node_timeout) spec.node_timeout = *s.node_timeout;
+  if (s.join_timeout) spec.join_timeout = *s.join_timeout;
+  if (s.prefix) spec.output.prefix = *s.prefix;
+  if (s.ranks) spec.output.ranks = *s.ranks;
+  spec.env = s.env;
+  // A running warm server of this user forks the ranks when it matches (AIRHOST_WARM=0 or
+  // --cold: never); the launcher falls back to a cold start otherwise.
+  if (s.warm.value_or(getenv_or("AIRHOST_WARM", "1") != "0")) spec.warm_socket = default_warm_socket();
+  spec.warm_preload = s.preload.value_or("");
+  spec.handle_signals = true;
+  spec.keep_result_descriptors = true;  // save_results streams them to results/ from shared memory
+  spec.reap_orphans = true;  // a child subreaper, as tini -s: nothing a rank starts escapes
+  return spec;
+}
+
+// Function entries return values; the CLI keeps them as files next to run.json, each a
+// plain pickle (or JSON text) that pickle.load reads, whichever way it came from the rank.
+void save_results(const RunReport& report) {
+  bool any = false;
+  for (const auto& r : report.ranks) any |= r.result.has_value() || r.result_blob != nullptr;
+  if (!any) return;
+  std::string dir = report.run_dir + "/results";
+  make_dirs(dir);
+  for (const auto& r : report.ranks) {
+    const std::string path = dir + "/rank-" + std::to_string(r.rank) + ".pkl";
+    if (r.result) write_file_atomic(path, *r.result);
+    else if (r.result_blob) write_file_atomic(path, [&](int fd) { r.result_blob->write_to(fd); });
+  }
+}
+
+int run_main(int argc, char** argv);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ::signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the supervisor of a 3-day run
+  handle_signals_outside_a_run();
+  const int code = run_main(argc, argv);
+  // As PID 1 (a container's entrypoint) this process is every orphan's parent: reap what is
+  // left before leaving (the kernel ends the namespace's processes when PID 1 exits).
+  if (::getpid() == 1)
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+  return code;
+}
+
+namespace {
+
+int run_main(int argc, char** argv) {
+
+  HostOptions opts;
+  try {
+    opts = parse_command_line(std::vector<std::string>(argv, argv + argc), current_directory());
+  } catch (const ConfigError& e) {
+    return usage_error(e.what());
+  }
+
+  switch (opts.command) {
+    case Command::help:
+      std::fputs(usage_text().c_str(), stdout);
+      return 0;
+    case Command::version:
+      std::printf("airhost %s\n", version());
+      return 0;
+    case Command::doctor:
+      return doctor_command(opts);
+    case Command::warm:
+      return warm_command(opts);
+    case Command::run:
+      break;
+  }
+
+  LaunchSpec spec;
+  ClusterResolution cluster;
+  try {
+    spec = make_spec(opts, cluster);
+  } catch (const ConfigError& e) {
+    return usage_error(e.what());
+  }
+  if (opts.print_env) return print_env(spec, cluster);
+
+  if (spec.python.empty()) spec.python = default_python();
+  try {
+    Launcher(spec).check();  // refused before a preflight or an MLflow run is spent on it
+  } catch (const LaunchError& e) {
+    return usage_error(e.what());
+  }
+  if (opts.settings.preflight.value_or(false)) {
+    auto problems = preflight(spec);
+    for (const auto& p : problems) std::fprintf(stderr, "airhost: preflight: %s\n", p.c_str());
+    if (!problems.empty()) {
+      std::fprintf(stderr, "airhost: preflight failed; nothing was started (fix the node, or run without --preflight)\n");
+      return to_int(ExitCode::preflight_failed);
+    }
+    std::fprintf(stderr, "airhost: preflight passed (%zu GPU(s), interpreter imports torch)\n", spec.devices.size());
+  }
+
+  // The MLflow run is made beside the ranks' start (tracking.hpp); the ranks learn of it
+  // through a file in the run directory, which must therefore be known now.
+  if (spec.run_id.empty()) spec.run_id = make_run_id();
+  if (spec.run_dir.empty()) spec.run_dir = default_runs_root() + "/" + spec.run_id;
+  // Flags and files win; AIRHOST_TRACKING=0 turns it off for a whole CI job or test suite.
+  const bool track = opts.settings.tracking.value_or(getenv_or("AIRHOST_TRACKING", "1") != "0");
+  TrackingRun tracking;
+  if (track) {
+    tracking = TrackingRun::start(spec.python, spec.entry.target, spec.nprocs, spec.run_dir + "/tracking.env");
+    for (const auto& [k, v] : tracking.rank_env()) spec.env.try_emplace(k, v);
+  }
+
+  Callbacks callbacks;
+  // Said up front when a warm server is there (used, or refused and why); a launch with no
+  // server at all says "cold start" in its last line only, so output starts as it always did.
+  callbacks.on_start_mode = [](bool, const std::string& line) {
+    if (line.find("no warm server running") == std::string::npos) std::fprintf(stderr, "airhost: %s\n", line.c_str());
+  };
+  Launcher launcher(std::move(spec), std::move(callbacks));
+  RunReport report;
+  try {
+    report = launcher.run();
+  } catch (const LaunchError& e) {
+    tracking.finish(Outcome::failed);
+    return usage_error(e.what());
+  }
+  tracking.finish(report.outcome);
+
+  try {
+    save_results(report);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "airhost: cannot save results: %s\n", e.what());
+  }
+  if (report.ok()) {
+    std::fprintf(stderr, "airhost: %s in %.1f s%s (logs: %s/logs)\n", report.message.c_str(), report.wall_seconds,
+                 report.warm ? ", warm start" : "", report.run_dir.c_str());
+  } else {
+    std::fputs(failure_summary(report).c_str(), stderr);
+  }
+  return report.exit_code;
+}
+
+
+}  // namespace

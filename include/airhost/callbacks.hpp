@@ -1,0 +1,40 @@
+// airhost/callbacks.hpp — what a launch tells its caller while it runs.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace airhost {
+
+enum class Stream { out = 1, err = 2 };
+
+struct RankEvent {
+  enum class Kind { started, exited };
+  Kind kind;
+  int rank;          // global rank
+  int pid;
+  int exit_code;     // exited: the status, or -1 for a signal death
+  int term_signal;   // exited: the signal, or 0
+};
+
+// A failed attempt that the launcher is about to restart (LaunchSpec::max_restarts).
+struct RestartEvent {
+  int restart;              // 1 for the first restart
+  int max_restarts;
+  std::string reason;       // the failed attempt's one-sentence message
+};
+
+struct Callbacks {
+  // One complete line of a rank's output, without its newline (a final line without one
+  // is delivered at EOF). Called on the supervising thread; keep it quick.
+  std::function<void(int rank, Stream, std::string_view line)> on_output;
+  std::function<void(const RankEvent&)> on_rank_event;
+  // Before a restart. Without it, the launcher says so on stderr when output is forwarded.
+  std::function<void(const RestartEvent&)> on_restart;
+  // Once, before the first rank starts, when LaunchSpec::warm_socket is set: whether the ranks
+  // are forked warm or started cold, as one line (RunReport::start_mode).
+  std::function<void(bool warm, const std::string& line)> on_start_mode;
+};
+
+}  // namespace airhost
