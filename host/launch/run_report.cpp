@@ -3,6 +3,11 @@
 #include <sstream>
 
 #include "launch/run_report.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "airhost/exit_code.hpp"
 #include "base/util.hpp"
 
 namespace airhost {
@@ -80,6 +85,81 @@ std::string describe_exit(const RankReport& r) {
   if (r.term_signal) return signal_name(r.term_signal) + " (signal " + std::to_string(r.term_signal) + ")";
   if (r.exit_code >= 0) return "exit " + std::to_string(r.exit_code);
   return to_string(r.state);
+}
+
+bool is_lost_peer_error(const ErrorRecord& e) {
+  if (e.type.ends_with("DistNetworkError")) return true;
+  for (const char* words : {"Connection closed by peer", "Connection reset by peer", "remote worker crashing",
+                            "NCCL communicator was aborted", "Broken pipe"})
+    if (e.message.find(words) != std::string::npos) return true;
+  return false;
+}
+
+void conclude_run(RunReport& rep, const TeardownCause& cause, const std::vector<bool>& signalled) {
+  // The root cause is the earliest failure: the time its exception was caught, or its exit
+  // when it raised none (a segfault, os._exit). Cascading failures come later, with one
+  // exception: a peer's death reaches the other ranks' sockets at once, while the host learns
+  // of it only when SIGCHLD is handled, so "connection closed by peer" can carry an earlier
+  // time than the crash that caused it. Such errors are the root cause only when nothing else
+  // failed.
+  double earliest = std::numeric_limits<double>::infinity();
+  bool earliest_is_cascade = true;
+  for (auto& r : rep.ranks) {
+    if (r.state != RankState::failed) continue;
+    const double t = r.error ? std::min(r.error->time, r.ended_at) : r.ended_at;
+    const bool cascade = r.error && is_lost_peer_error(*r.error);
+    if ((earliest_is_cascade && !cascade) || (cascade == earliest_is_cascade && t < earliest)) {
+      earliest = t;
+      earliest_is_cascade = cascade;
+      rep.root_cause = r.rank;
+    }
+  }
+
+  const std::string run = "run " + rep.run_id;
+  if (!cause.torn_down) {
+    rep.outcome = Outcome::succeeded;
+    rep.exit_code = to_int(ExitCode::ok);
+    rep.message = run + ": " + std::to_string(rep.ranks.size()) + " rank(s) succeeded";
+  } else if (cause.reason == Outcome::timed_out) {
+    rep.outcome = Outcome::timed_out;
+    rep.exit_code = to_int(ExitCode::timeout);
+    rep.message = run + " timed out after " + std::to_string(cause.timeout_seconds) +
+                  " s; every rank was stopped (raise --timeout, or 0 to disable it)";
+  } else if (cause.reason == Outcome::node_lost) {
+    // Whatever this node's ranks raised after that came from the other node's loss.
+    rep.outcome = Outcome::node_lost;
+    rep.exit_code = to_int(ExitCode::node_lost);
+    rep.root_cause = -1;
+    rep.message = run + ": " + cause.node_lost_why + "; this node's ranks were stopped";
+  } else if (cause.reason == Outcome::interrupted) {
+    rep.outcome = Outcome::interrupted;
+    rep.exit_code = exit_code_for_signal(cause.interrupt_signal);
+    rep.message = run + " was interrupted by " + signal_name(cause.interrupt_signal) + "; every rank was stopped";
+  } else {
+    rep.outcome = Outcome::failed;
+    const RankReport* root = nullptr;
+    for (auto& r : rep.ranks)
+      if (r.rank == rep.root_cause) root = &r;
+    if (root) {
+      // A rank that raised but was ended by our own teardown signal (its interpreter was
+      // still shutting down) exits as python does for an unhandled exception: 1.
+      const bool ours = root->local_rank >= 0 && static_cast<std::size_t>(root->local_rank) < signalled.size() &&
+                        signalled[static_cast<std::size_t>(root->local_rank)];
+      const bool our_signal = root->term_signal && root->error && ours;
+      rep.exit_code = our_signal ? 1 : root->term_signal ? exit_code_for_signal(root->term_signal) : root->exit_code;
+      rep.message = run + " failed: rank " + std::to_string(root->rank) +
+                    (our_signal ? " raised an exception (the teardown ended it while it shut down)"
+                     : root->term_signal ? " was killed by " + signal_name(root->term_signal)
+                                         : " exited with code " + std::to_string(root->exit_code));
+      if (root->error) {
+        const auto& m = root->error->message;
+        rep.message += " (" + root->error->type + ": " + m.substr(0, std::min(m.find('\n'), std::size_t{200})) + ")";
+      }
+    } else {
+      rep.exit_code = to_int(ExitCode::generic_failure);
+      rep.message = run + " failed";
+    }
+  }
 }
 
 std::string run_json(const RunReport& report, const LaunchSpec& spec) {

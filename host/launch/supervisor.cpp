@@ -3,9 +3,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,16 +11,16 @@
 #include <cstring>
 #include <deque>
 #include <limits>
-#include <map>
 #include <mutex>
 #include <system_error>
 
 #include "airhost/exit_code.hpp"
+#include "base/util.hpp"
+#include "launch/escapees.hpp"
 #include "launch/frames.hpp"
 #include "launch/group_guard.hpp"
 #include "launch/log_stream.hpp"
-#include "launch/proc_tree.hpp"
-#include "base/util.hpp"
+#include "launch/run_report.hpp"
 
 namespace airhost::detail {
 namespace {
@@ -35,32 +33,40 @@ constexpr std::size_t kMaxPassedFds = 8;
 // say) can hold them. Its process group is killed at exit, so this is only a safety net.
 constexpr uint64_t kDrainMs = 3000;
 
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
 template <typename H>
 uv_handle_t* as_handle(H* h) { return reinterpret_cast<uv_handle_t*>(h); }
 
-// How often the loop looks for processes of the run that left their rank's process group,
-// to tell the guard about them (and reaps what it adopted, should a SIGCHLD have been missed).
-constexpr uint64_t kSweepMs = 1000;
-
-// After the run: how long the host waits for the processes it killed and adopted to die, so
-// that it can reap them before it returns.
-constexpr double kReapSeconds = 2.0;
-
-constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP};
-
 }  // namespace
 
-// An error a rank raises because another rank went away: gloo's and NCCL's words for a peer
-// that closed its connection or aborted the communicator.
-bool is_lost_peer_error(const ErrorRecord& e) {
-  if (e.type.ends_with("DistNetworkError")) return true;
-  for (const char* words : {"Connection closed by peer", "Connection reset by peer", "remote worker crashing",
-                            "NCCL communicator was aborted", "Broken pipe"})
-    if (e.message.find(words) != std::string::npos) return true;
-  return false;
-}
-
 struct Supervisor::Impl {
+  // The run's phase. Each handler below moves it, and only forward:
+  //
+  //   starting ──every rank spawned──▶ running ──(a rank fails | timeout | a signal, cancel()
+  //      │                               │         | abort(): begin_teardown)──▶ tearing_down
+  //      └──(a spawn fails)──────────────┼───────────────────────────────────────────▶ │
+  //                                      └──(every rank closed)──▶ finished ◀──(every rank closed)┘
+  //
+  // tearing_down: each running rank's group got SIGTERM (or the host's own signal), what left
+  // the groups too (escapees.hpp); SIGKILL for all when the grace period ends (or at a second
+  // Ctrl-C). finished: every rank exited and its pipes reached EOF, so no output is lost; the
+  // loop then closes its handles and returns.
+  enum class Phase { starting, running, tearing_down, finished };
+
+  // A rank's life, one step at a time and only forward:
+  //
+  //   waiting ──start_rank──▶ running ──signal_running──▶ stopping
+  //      │                       │                           │
+  //      │                       └────────on_exit────────────┴──▶ exited ──(its three pipes
+  //      │                                                              closed)──▶ closed
+  //      └──(never started: the spawn failed, or the run was torn down first)─────▶ closed
+  //
+  // stopping: airhost sent it a teardown signal (so its death is "stopped", not a failure,
+  // unless it had raised before). exited: reaped, its pipes still draining (a grandchild may
+  // hold them: kDrainMs at most).
+  enum class Life { waiting, running, stopping, exited, closed };
+
   struct Rank;
 
   // One pipe from a rank: stdout, stderr or the control channel. Output pipes are read by
@@ -79,16 +85,17 @@ struct Supervisor::Impl {
 
   struct Rank {
     Impl* sup = nullptr;
+    Life life = Life::waiting;
+    bool stopped_by_us = false;  // reached `stopping` before it exited
     RankReport report;
     std::string prefix;  // "[rank N] "
     Channel out, err, ctl;
     std::unique_ptr<RankStream> out_stream, err_stream;
     FrameDecoder frames;
     std::deque<int> passed_fds;  // received on the control channel, not yet matched to a frame
-    bool exited = false;
-    bool signalled = false;  // airhost sent it a teardown signal
-    uv_timer_t drain{};
-    bool drain_started = false;
+    uv_timer_t drain{};          // from `exited`: closes what is still open after kDrainMs
+
+    bool alive() const { return life == Life::running || life == Life::stopping; }
 
     Rank() = default;
     Rank(const Rank&) = delete;
@@ -101,31 +108,27 @@ struct Supervisor::Impl {
   Plan plan;
   std::unique_ptr<RankStarter> starter;
   uv_loop_t loop{};
+  Phase phase = Phase::starting;
+  TeardownCause cause;
+  double teardown_started_at = std::numeric_limits<double>::infinity();
+  std::string teardown_why;       // for plan.on_teardown: what made a rank fail
+  bool teardown_cascade = false;  // ... and whether that was only a lost peer
   GroupGuard guard;
+  Escapees escapees;
   std::vector<std::unique_ptr<Rank>> ranks;
-  uv_timer_t timeout_timer{}, grace_timer{}, sweep_timer{};
+  uv_timer_t timeout_timer{}, grace_timer{};
   uv_signal_t signals[3]{};
   struct sigaction saved_actions[3]{};  // what the signals did before the run: put back after it
   int signal_count = 0;
-  uv_signal_t sigchld{};
-  bool reaping = false;  // spec().reap_orphans: a child subreaper that reaps what it adopts
-  int own_sid = 0;
-  std::map<int, std::uint64_t> reported;  // escaped processes the guard was told about
+
+  // cancel() and abort() come from other threads, through `async`.
   uv_async_t async{};
   std::atomic<int> cancel_signal{0};
   std::atomic<bool> abort_pending{false};
-  std::string abort_why;      // guarded by async_mutex until the loop reads it
-  std::string node_lost_why;  // the loop's copy
-  std::string teardown_cause; // for plan.on_teardown: what made a rank fail
-  bool teardown_cascade = false;
+  std::string abort_why;   // guarded by async_mutex until the loop reads it
   std::mutex async_mutex;  // guards async_ready: cancel() may race the loop's start and end
   bool async_ready = false;
-  bool finishing = false;
 
-  bool tearing_down = false;
-  double teardown_started_at = std::numeric_limits<double>::infinity();
-  Outcome teardown_reason = Outcome::succeeded;
-  int interrupt_signal = 0;
   double start_time = 0;
   std::string read_buffer = std::string(256 * 1024, '\0');
 
@@ -281,7 +284,7 @@ struct Supervisor::Impl {
         auto* ch = static_cast<Channel*>(h->data);
         ::close(ch->fd);  // only now: libuv must not watch a descriptor that was closed
         ch->fd = -1;
-        ch->rank->sup->maybe_finish();
+        ch->rank->sup->maybe_closed(*ch->rank);
       });
       return;
     }
@@ -291,7 +294,7 @@ struct Supervisor::Impl {
     uv_read_stop(reinterpret_cast<uv_stream_t*>(&c.pipe));
     uv_close(as_handle(&c.pipe), [](uv_handle_t* h) {
       auto* ch = static_cast<Channel*>(h->data);
-      ch->rank->sup->maybe_finish();
+      ch->rank->sup->maybe_closed(*ch->rank);
     });
   }
 
@@ -327,112 +330,6 @@ struct Supervisor::Impl {
       auto* ch = static_cast<Channel*>(p->data);
       ch->rank->sup->read_control(*ch, status);
     });
-  }
-
-  // ---- what left the ranks' groups --------------------------------------------------------
-  //
-  // Everything a rank starts stays in its process group unless it leaves: a new session
-  // (start_new_session=True), a daemon's fork-setsid-fork. Those are found through /proc
-  // (proc_tree.hpp): below the ranks in the process tree, below the orphans this host adopted
-  // as child subreaper, and by the run's AIRHOST_RUN_ID in their environment.
-
-  // Pids of the processes libuv spawned on this loop (ranks, the guard): libuv reaps those.
-  std::set<int> libuv_children() {
-    std::set<int> pids;
-    uv_walk(&loop, [](uv_handle_t* h, void* arg) {
-      if (h->type == UV_PROCESS) static_cast<std::set<int>*>(arg)->insert(reinterpret_cast<uv_process_t*>(h)->pid);
-    }, &pids);
-    return pids;
-  }
-
-  // Children of this process that it adopted as subreaper: not libuv's, and not of its own
-  // session (its own helpers, the MLflow one, are waited for by their owners and never
-  // leave the session; every rank starts a session of its own).
-  std::vector<ProcStat> adopted(const std::vector<ProcStat>& all, const std::set<int>& libuv) const {
-    std::vector<ProcStat> out;
-    const int self = static_cast<int>(::getpid());
-    for (const auto& p : all)
-      if (p.ppid == self && p.sid != own_sid && !libuv.count(p.pid)) out.push_back(p);
-    return out;
-  }
-
-  // The run's processes, for proc_tree.hpp; `env`: with the environment scan (reads every
-  // process's environ: for the teardown and the end, not for the periodic sweep).
-  RunMatch run_match(bool env) {
-    RunMatch m;
-    for (auto& r : ranks)
-      if (r->report.pid > 0 && !r->exited) m.roots.insert(r->report.pid);
-    if (reaping)
-      for (const auto& p : adopted(list_processes(), libuv_children())) m.roots.insert(p.pid);
-    m.known = reported;
-    if (env) m.env_entry = "AIRHOST_RUN_ID=" + plan.context.run_id;
-    m.exclude.insert(static_cast<int>(::getpid()));
-    if (guard.pid() > 0) m.exclude.insert(guard.pid());
-    return m;
-  }
-
-  // Process groups of the ranks still running: what kill(-pgid) already reaches.
-  std::set<int> rank_groups() const {
-    std::set<int> groups;
-    for (auto& r : ranks)
-      if (r->report.pid > 0 && !r->exited) groups.insert(r->report.pid);
-    return groups;
-  }
-
-  // Forwards a teardown signal to what left the ranks' groups (the groups have it already:
-  // a second SIGINT would mean "now" to some programs).
-  void signal_escaped(int sig) {
-    const auto groups = rank_groups();
-    for (const auto& p : match_run(list_processes(), run_match(true)))
-      if (!groups.count(p.pgid)) ::kill(p.pid, sig);
-  }
-
-  // Every process of the run, SIGKILLed (stopped first, so none forks its way out).
-  void kill_escaped() { kill_run(run_match(true)); }
-
-  // Reaps the zombies among the adopted children. Never waits for a pid of libuv's (its
-  // SIGCHLD handler does) nor for any other child: waitpid on each adopted pid, one by one.
-  void reap_adopted() {
-    if (!reaping) return;
-    siginfo_t info{};
-    // Cheap first look: is any child a zombie at all?
-    if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) < 0 || info.si_pid == 0) return;
-    for (const auto& p : adopted(list_processes(), libuv_children()))
-      if (p.state == 'Z') ::waitpid(p.pid, nullptr, WNOHANG);
-  }
-
-  // Once a second: tells the guard which processes left the ranks' groups (so that it can
-  // end them should this host be SIGKILLed, even if they cleared their environment), and
-  // reaps what a missed SIGCHLD left.
-  void sweep() {
-    reap_adopted();
-    if (guard.pid() <= 0) return;
-    const auto groups = rank_groups();
-    std::map<int, std::uint64_t> now;
-    for (const auto& p : match_run(list_processes(), run_match(false)))
-      if (!groups.count(p.pgid)) now[p.pid] = p.start;
-    for (const auto& [pid, start] : now)
-      if (auto it = reported.find(pid); it == reported.end() || it->second != start) guard.add_process(pid, start);
-    for (const auto& [pid, start] : reported)
-      if (!now.count(pid)) guard.remove_process(pid);
-    reported = std::move(now);
-  }
-
-  // After the loop: the processes killed at the end were adopted by this host; wait (a
-  // little) for them to die and reap them, so none is left a zombie.
-  void reap_after_run() {
-    if (!reaping) return;
-    kill_escaped();  // adopted since the last look (nothing, as a rule)
-    const double deadline = now_seconds() + kReapSeconds;
-    for (;;) {
-      bool alive = false;
-      for (const auto& p : adopted(list_processes(), {})) {
-        if (p.state == 'Z') ::waitpid(p.pid, nullptr, WNOHANG);
-        else alive = true;
-      }
-      if (!alive || now_seconds() > deadline) return;
-      ::usleep(10000);
-    }
   }
 
   // ---- processes -----------------------------------------------------------------------
@@ -471,14 +368,32 @@ struct Supervisor::Impl {
     ::close(out[1]);
     ::close(err[1]);
     ::close(ctl[1]);
+    r.life = Life::running;
     r.report.state = RankState::running;
     r.report.started_at = now_seconds();
     if (plan.callbacks->on_rank_event)
       plan.callbacks->on_rank_event({RankEvent::Kind::started, r.report.rank, r.report.pid, 0, 0});
   }
 
+  // A rank could not be started: it failed, and so does the run.
+  void on_start_failed(Rank& r, const std::exception& e) {
+    r.err_stream->feed(std::string("airhost: ") + e.what() + "\n");
+    flush_output();
+    r.report.state = RankState::failed;
+    r.report.exit_code = 127;
+    r.report.ended_at = now_seconds();
+    r.report.error = ErrorRecord{"LaunchError", e.what(), "", "", r.report.ended_at};
+    close_channel(r.out);
+    close_channel(r.err);
+    close_channel(r.ctl);
+    r.life = Life::closed;
+    begin_teardown(Outcome::failed, SIGTERM);
+  }
+
+  // running/stopping → exited: the rank was reaped.
   void on_exit(Rank& r, int64_t status, int sig) {
-    r.exited = true;
+    r.stopped_by_us = r.life == Life::stopping;
+    r.life = Life::exited;
     r.report.ended_at = now_seconds();
     r.report.exit_code = sig ? -1 : static_cast<int>(status);
     r.report.term_signal = sig;
@@ -491,102 +406,116 @@ struct Supervisor::Impl {
     // finally ended it (slow atexit handlers): it may well be the root cause.
     const bool raised_first = r.report.error && r.report.error->time <= teardown_started_at;
     if (ok) r.report.state = RankState::succeeded;
-    else if (r.signalled && !raised_first) r.report.state = RankState::stopped;
+    else if (r.stopped_by_us && !raised_first) r.report.state = RankState::stopped;
     else r.report.state = RankState::failed;
 
     if (plan.callbacks->on_rank_event)
       plan.callbacks->on_rank_event({RankEvent::Kind::exited, r.report.rank, r.report.pid, r.report.exit_code, sig});
 
-    if (!ok && !r.signalled && !tearing_down) {
-      teardown_cause = "failed: rank " + std::to_string(r.report.rank) +
+    if (!ok && !r.stopped_by_us) {
+      if (phase != Phase::tearing_down) {
+        teardown_why = "failed: rank " + std::to_string(r.report.rank) +
                        (sig ? " was killed by " + signal_name(sig) : " exited with code " + std::to_string(status));
-      if (r.report.error) {
-        const auto& m = r.report.error->message;
-        teardown_cause += " (" + r.report.error->type + ": " + m.substr(0, std::min(m.find('\n'), std::size_t{200})) + ")";
-        teardown_cascade = is_lost_peer_error(*r.report.error);
+        if (r.report.error) {
+          const auto& m = r.report.error->message;
+          teardown_why += " (" + r.report.error->type + ": " + m.substr(0, std::min(m.find('\n'), std::size_t{200})) + ")";
+          teardown_cascade = is_lost_peer_error(*r.report.error);
+        }
       }
+      begin_teardown(Outcome::failed, SIGTERM);
     }
-    if (!ok && !r.signalled) begin_teardown(Outcome::failed, SIGTERM);
     // The last rank is gone: so goes whatever of the run still runs outside the ranks'
     // groups (a server started in a new session, a daemon), before the pipes it may hold
     // keep the run waiting.
-    bool any_running = false;
-    for (auto& other : ranks) any_running |= other->report.state == RankState::running;
-    if (!any_running) kill_escaped();
+    bool any_alive = false;
+    for (auto& other : ranks) any_alive |= other->alive();
+    if (!any_alive) escapees.kill_all();
 
     uv_timer_init(&loop, &r.drain);
     r.drain.data = &r;
-    r.drain_started = true;
     uv_timer_start(&r.drain, [](uv_timer_t* t) {
       auto* rk = static_cast<Rank*>(t->data);
       rk->sup->close_channel(rk->out);
       rk->sup->close_channel(rk->err);
       rk->sup->close_channel(rk->ctl);
     }, kDrainMs, 0);
+    maybe_closed(r);
+  }
+
+  // exited → closed, once its three pipes are closed.
+  void maybe_closed(Rank& r) {
+    if (r.life != Life::exited || r.out.open || r.err.open || r.ctl.open) return;
+    r.life = Life::closed;
+    uv_timer_stop(&r.drain);
     maybe_finish();
   }
 
+  // running → stopping, for every rank still alive; what left the groups gets it too (all of
+  // the run at once for SIGKILL).
   void signal_running(int sig) {
     for (auto& r : ranks) {
-      if (r->report.state != RankState::running || r->exited) continue;
-      r->signalled = true;
+      if (!r->alive()) continue;
+      r->life = Life::stopping;
       ::kill(-r->report.pid, sig);
     }
-    // And what left the groups: the same signal, or for SIGKILL all of the run at once.
-    if (sig == SIGKILL) kill_escaped();
-    else signal_escaped(sig);
+    if (sig == SIGKILL) escapees.kill_all();
+    else escapees.signal(sig);
   }
 
+  // → tearing_down (once): a rank failed, the timeout passed, the host got a signal, cancel()
+  // or abort() was called.
   void begin_teardown(Outcome reason, int sig) {
-    if (tearing_down) {
+    if (phase == Phase::finished) return;
+    if (cause.torn_down) {
       // A second Ctrl-C means "now": skip the rest of the grace period.
       if (reason == Outcome::interrupted) signal_running(SIGKILL);
       return;
     }
-    tearing_down = true;
+    phase = Phase::tearing_down;
+    cause.torn_down = true;
+    cause.reason = reason;
+    cause.timeout_seconds = static_cast<long>(spec().timeout.count());
+    if (reason == Outcome::interrupted) cause.interrupt_signal = sig;
     teardown_started_at = now_seconds();
-    teardown_reason = reason;
-    if (reason == Outcome::interrupted) interrupt_signal = sig;
     if (plan.on_teardown) {
       std::string why = reason == Outcome::timed_out     ? "timed out (--timeout " + std::to_string(spec().timeout.count()) + " s)"
                         : reason == Outcome::interrupted ? "was interrupted by " + signal_name(sig)
-                        : reason == Outcome::node_lost   ? "stopped its ranks (" + node_lost_why + ")"
-                        : teardown_cause.empty()         ? std::string("failed")
-                                                         : teardown_cause;
+                        : reason == Outcome::node_lost   ? "stopped its ranks (" + cause.node_lost_why + ")"
+                        : teardown_why.empty()           ? std::string("failed")
+                                                         : teardown_why;
       plan.on_teardown(reason, why, reason == Outcome::node_lost || (reason == Outcome::failed && teardown_cascade));
     }
     signal_running(sig);
     const auto grace = static_cast<uint64_t>(std::max<int64_t>(0, spec().grace.count()));
-    uv_timer_start(&grace_timer, [](uv_timer_t* t) {
-      static_cast<Impl*>(t->data)->signal_running(SIGKILL);
-    }, grace, 0);
+    uv_timer_start(&grace_timer, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->signal_running(SIGKILL); }, grace, 0);
   }
 
-  // Another node is gone (abort()): stop this node's ranks as Outcome::node_lost.
-  void take_abort() {
+  // From other threads, through `async`: cancel() as an interrupt, abort() as a lost node.
+  void on_async() {
+    if (int sig = cancel_signal.exchange(0)) begin_teardown(Outcome::interrupted, sig);
     if (!abort_pending.exchange(false)) return;
     {
       std::lock_guard lock(async_mutex);
-      if (node_lost_why.empty()) node_lost_why = abort_why;
+      if (cause.node_lost_why.empty()) cause.node_lost_why = abort_why;
     }
     begin_teardown(Outcome::node_lost, SIGTERM);
   }
 
   // ---- completion ----------------------------------------------------------------------
 
-  bool all_done() const {
+  bool all_closed() const {
     for (auto& r : ranks)
-      if (r->report.state == RankState::running || r->out.open || r->err.open || r->ctl.open) return false;
-    return true;
+      if (r->life != Life::closed && r->life != Life::waiting) return false;
+    return phase != Phase::starting;
   }
 
+  // → finished: every rank closed. Closes the loop's own handles so that uv_run returns.
   void maybe_finish() {
-    if (finishing || !all_done()) return;
-    finishing = true;
+    if (phase == Phase::finished || !all_closed()) return;
+    phase = Phase::finished;
     uv_close(as_handle(&timeout_timer), nullptr);
     uv_close(as_handle(&grace_timer), nullptr);
-    uv_close(as_handle(&sweep_timer), nullptr);
-    if (reaping) uv_close(as_handle(&sigchld), nullptr);
+    escapees.close();
     if (signal_count) {
       // libuv leaves a signal it stops watching at SIG_DFL; what the program had before the
       // run is put back instead (the CLI's handler: as PID 1 a signal at SIG_DFL would be
@@ -607,7 +536,7 @@ struct Supervisor::Impl {
       uv_close(as_handle(&async), nullptr);
     }
     for (auto& r : ranks)
-      if (r->drain_started) uv_close(as_handle(&r->drain), nullptr);
+      if (r->drain.data) uv_close(as_handle(&r->drain), nullptr);  // initialised at exit
     starter->close();
     guard.stop();
   }
@@ -617,134 +546,43 @@ struct Supervisor::Impl {
     rep.run_id = plan.context.run_id;
     rep.run_dir = plan.context.run_dir;
     rep.wall_seconds = now_seconds() - start_time;
-    rep.interrupt_signal = interrupt_signal;
-    for (auto& r : ranks) rep.ranks.push_back(r->report);
-
-    // The root cause is the earliest failure: the time its exception was caught, or its
-    // exit when it raised none (a segfault, os._exit). Cascading failures come later, with
-    // one exception: a peer's death reaches the other ranks' sockets at once, while we learn
-    // of it only when SIGCHLD is handled, so "connection closed by peer" can carry an earlier
-    // time than the crash that caused it. Such errors are the root cause only when nothing
-    // else failed.
-    double earliest = std::numeric_limits<double>::infinity();
-    bool earliest_is_cascade = true;
-    for (auto& r : rep.ranks) {
-      if (r.state != RankState::failed) continue;
-      const double t = r.error ? std::min(r.error->time, r.ended_at) : r.ended_at;
-      const bool cascade = r.error && is_lost_peer_error(*r.error);
-      if ((earliest_is_cascade && !cascade) || (cascade == earliest_is_cascade && t < earliest)) {
-        earliest = t;
-        earliest_is_cascade = cascade;
-        rep.root_cause = r.rank;
-      }
+    rep.interrupt_signal = cause.interrupt_signal;
+    std::vector<bool> signalled;
+    for (auto& r : ranks) {
+      rep.ranks.push_back(r->report);
+      signalled.push_back(r->stopped_by_us);
     }
-
-    const std::string run = "run " + rep.run_id;
-    if (!tearing_down) {
-      rep.outcome = Outcome::succeeded;
-      rep.exit_code = to_int(ExitCode::ok);
-      rep.message = run + ": " + std::to_string(rep.ranks.size()) + " rank(s) succeeded";
-    } else if (teardown_reason == Outcome::timed_out) {
-      rep.outcome = Outcome::timed_out;
-      rep.exit_code = to_int(ExitCode::timeout);
-      rep.message = run + " timed out after " + std::to_string(spec().timeout.count()) +
-                    " s; every rank was stopped (raise --timeout, or 0 to disable it)";
-    } else if (teardown_reason == Outcome::node_lost) {
-      // Whatever this node's ranks raised after that came from the other node's loss.
-      rep.outcome = Outcome::node_lost;
-      rep.exit_code = to_int(ExitCode::node_lost);
-      rep.root_cause = -1;
-      rep.message = run + ": " + node_lost_why + "; this node's ranks were stopped";
-    } else if (teardown_reason == Outcome::interrupted) {
-      rep.outcome = Outcome::interrupted;
-      rep.exit_code = exit_code_for_signal(interrupt_signal);
-      rep.message = run + " was interrupted by " + signal_name(interrupt_signal) + "; every rank was stopped";
-    } else {
-      rep.outcome = Outcome::failed;
-      const RankReport* root = nullptr;
-      for (auto& r : rep.ranks)
-        if (r.rank == rep.root_cause) root = &r;
-      if (root) {
-        // A rank that raised but was ended by our own teardown signal (its interpreter was
-        // still shutting down) exits as python does for an unhandled exception: 1.
-        const bool our_signal = root->term_signal && root->error && ranks[root->local_rank]->signalled;
-        rep.exit_code = our_signal ? 1 : root->term_signal ? exit_code_for_signal(root->term_signal) : root->exit_code;
-        rep.message = run + " failed: rank " + std::to_string(root->rank) +
-                      (our_signal ? " raised an exception (the teardown ended it while it shut down)"
-                       : root->term_signal ? " was killed by " + signal_name(root->term_signal)
-                                           : " exited with code " + std::to_string(root->exit_code));
-        if (root->error) {
-          const auto& m = root->error->message;
-          rep.message += " (" + root->error->type + ": " + m.substr(0, std::min(m.find('\n'), std::size_t{200})) + ")";
-        }
-      } else {
-        rep.exit_code = to_int(ExitCode::generic_failure);
-        rep.message = run + " failed";
-      }
-    }
+    conclude_run(rep, cause, signalled);
     return rep;
   }
 
   // ---- the run -------------------------------------------------------------------------
 
-  RunReport run() {
-    start_time = now_seconds();
-    if (int rc = uv_loop_init(&loop); rc < 0)
-      throw std::system_error(-rc, std::generic_category(), "uv_loop_init");
-    uv_timer_init(&loop, &timeout_timer);
-    uv_timer_init(&loop, &grace_timer);
-    timeout_timer.data = grace_timer.data = this;
-    uv_async_init(&loop, &async, [](uv_async_t* a) {
-      auto* self = static_cast<Impl*>(a->data);
-      if (int sig = self->cancel_signal.exchange(0)) self->begin_teardown(Outcome::interrupted, sig);
-      self->take_abort();
-    });
-    async.data = this;
-    {
-      std::lock_guard lock(async_mutex);
-      async_ready = true;
+  void watch_signals() {
+    for (int sig : kHandledSignals) {
+      ::sigaction(sig, nullptr, &saved_actions[signal_count]);
+      auto& h = signals[signal_count++];
+      uv_signal_init(&loop, &h);
+      h.data = this;
+      uv_signal_start(&h, [](uv_signal_t* s, int signum) {
+        static_cast<Impl*>(s->data)->begin_teardown(Outcome::interrupted, signum);
+      }, sig);
     }
+  }
 
-    if (spec().handle_signals) {
-      for (int sig : kHandledSignals) {
-        ::sigaction(sig, nullptr, &saved_actions[signal_count]);
-        auto& h = signals[signal_count++];
-        uv_signal_init(&loop, &h);
-        h.data = this;
-        uv_signal_start(&h, [](uv_signal_t* s, int signum) {
-          static_cast<Impl*>(s->data)->begin_teardown(Outcome::interrupted, signum);
-        }, sig);
-      }
-    }
-
-    // A child subreaper (as a container's PID 1 is anyway): what a rank starts and leaves
-    // behind (a daemon whose parent exited) becomes this process's child instead of init's,
-    // stays in reach of the teardown, and is reaped here, not left a zombie.
-    reaping = spec().reap_orphans;
-    own_sid = static_cast<int>(::getsid(0));
-    uv_timer_init(&loop, &sweep_timer);
-    sweep_timer.data = this;
-    if (reaping) {
-      ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
-      // A second SIGCHLD watcher beside libuv's own: libuv waits for its children by pid,
-      // this one for the adopted ones by pid (reap_adopted), so neither steals the other's.
-      uv_signal_init(&loop, &sigchld);
-      sigchld.data = this;
-      uv_signal_start(&sigchld, [](uv_signal_t* s, int) { static_cast<Impl*>(s->data)->reap_adopted(); }, SIGCHLD);
-      reap_adopted();  // what arrived before this run (a restart's previous attempt)
-    }
-    uv_timer_start(&sweep_timer, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->sweep(); }, kSweepMs, kSweepMs);
-
-    // Should this process die by SIGKILL, the guard ends what the ranks started. It gets the
-    // caller's environment (what airhost-rank needs to load: LD_LIBRARY_PATH, say) and the
-    // run's id and directory, which name it as the run's in /proc.
+  // Should this process die by SIGKILL, the guard ends what the ranks started. It gets the
+  // caller's environment (what airhost-rank needs to load: LD_LIBRARY_PATH, say) and the
+  // run's id and directory, which name it as the run's in /proc.
+  void start_guard() {
     std::vector<std::string> guard_env;
     for (const auto& e : plan.base_env)
       if (e.rfind("AIRHOST_RUN_ID=", 0) != 0 && e.rfind("AIRHOST_RUN_DIR=", 0) != 0) guard_env.push_back(e);
     guard_env.push_back("AIRHOST_RUN_ID=" + plan.context.run_id);
     guard_env.push_back("AIRHOST_RUN_DIR=" + plan.context.run_dir);
     guard.start(&loop, plan.rank_argv.at(0), guard_env);
+  }
 
+  void make_ranks() {
     const int nprocs = spec().nprocs;
     for (int i = 0; i < nprocs; ++i) {
       auto r = std::make_unique<Rank>();
@@ -762,35 +600,51 @@ struct Supervisor::Impl {
                                                    [this, raw](std::string_view l) { on_line(*raw, Stream::err, l); });
       ranks.push_back(std::move(r));
     }
+  }
 
+  RunReport run() {
+    start_time = now_seconds();
+    if (int rc = uv_loop_init(&loop); rc < 0)
+      throw std::system_error(-rc, std::generic_category(), "uv_loop_init");
+    uv_timer_init(&loop, &timeout_timer);
+    uv_timer_init(&loop, &grace_timer);
+    timeout_timer.data = grace_timer.data = this;
+    uv_async_init(&loop, &async, [](uv_async_t* a) { static_cast<Impl*>(a->data)->on_async(); });
+    async.data = this;
+    {
+      std::lock_guard lock(async_mutex);
+      async_ready = true;
+    }
+    if (spec().handle_signals) watch_signals();
+    escapees.start(&loop, &guard, plan.context.run_id, spec().reap_orphans, [this] {
+      std::set<int> pids;
+      for (auto& r : ranks)
+        if (r->alive()) pids.insert(r->report.pid);
+      return pids;
+    });
+    start_guard();
+    make_ranks();
+
+    // starting: spawn every rank, unless the run is torn down meanwhile.
     for (auto& r : ranks) {
-      if (tearing_down) break;
+      if (cause.torn_down) break;
       try {
         start_rank(*r);
       } catch (const std::exception& e) {
-        r->err_stream->feed(std::string("airhost: ") + e.what() + "\n");
-        flush_output();
-        r->report.state = RankState::failed;
-        r->report.exit_code = 127;
-        r->report.ended_at = now_seconds();
-        r->report.error = ErrorRecord{"LaunchError", e.what(), "", "", r->report.ended_at};
-        close_channel(r->out);
-        close_channel(r->err);
-        close_channel(r->ctl);
-        begin_teardown(Outcome::failed, SIGTERM);
+        on_start_failed(*r, e);
       }
     }
+    if (phase == Phase::starting) phase = Phase::running;
     if (plan.time_limit.count() > 0) {
       uv_timer_start(&timeout_timer, [](uv_timer_t* t) {
         static_cast<Impl*>(t->data)->begin_teardown(Outcome::timed_out, SIGTERM);
       }, static_cast<uint64_t>(plan.time_limit.count()), 0);
     }
-    if (int sig = cancel_signal.exchange(0)) begin_teardown(Outcome::interrupted, sig);
-    take_abort();
+    on_async();      // a cancel() or abort() that came before the loop could take it
     maybe_finish();  // nothing started at all (every spawn failed)
 
     uv_run(&loop, UV_RUN_DEFAULT);
-    reap_after_run();
+    escapees.reap_after_run();
     uv_loop_close(&loop);
     return report();
   }

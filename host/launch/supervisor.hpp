@@ -20,10 +20,6 @@ namespace airhost::detail {
 //      └──(every rank exits 0)──────────────────────────▶ done   SIGKILL after the grace
 //
 // "done" means every rank is reaped and every pipe has reached EOF, so no output is lost.
-// An error a rank raises because another rank went away (gloo's and NCCL's words for a peer
-// that closed its connection or aborted the communicator): a cascade, not a root cause.
-bool is_lost_peer_error(const ErrorRecord& e);
-
 class Supervisor {
  public:
   struct Plan {
