@@ -110,7 +110,7 @@ class _PatchSqlStoreOnImport:
         return spec
 
 
-# The launch's MLflow run is made beside the ranks' start, not before it (host/tracking.hpp,
+# The launch's MLflow run is made beside the ranks' start, not before it (host/cli/tracking.hpp,
 # airhost/_tracking.py): AIRHOST_MLFLOW_PENDING names the file where its variables will be.
 # Only a rank that uses mlflow needs them, so they are bound when mlflow is imported
 # (executed, not merely looked up: find_spec probes of Lightning and friends bind nothing).

@@ -1,9 +1,9 @@
 // airhost-rank — the process of one rank: ties itself to the host, then runs Python.
 //
 //   airhost-rank --kind KIND --target T [--function F] [--python EXE] -- ARGS...
-//   airhost-rank --guard      the run's group guard (host/group_guard.hpp)
+//   airhost-rank --guard      the run's group guard (host/launch/group_guard.hpp)
 //   airhost-rank --warm-server --socket PATH [--preload auto|none|m,m] [--python EXE] [--parent-pid PID]
-//                             a warm server (runtime/warm.py, host/warm_starter.hpp)
+//                             a warm server (runtime/warm.py, host/launch/warm_starter.hpp)
 //
 // The host passes the control channel as fd 3 (AIRHOST_CONTROL_FD) and its pid as
 // AIRHOST_HOST_PID. Not meant to be started by hand.
@@ -44,7 +44,7 @@ void die_with_host() {
 // host dies first (stdin reaches EOF, or the parent-death signal), it ends all of them, and
 // every process whose environment holds the run's AIRHOST_RUN_ID, with whatever is below
 // them: servers, subprocesses, workers and daemons that never look at their parent die with
-// the run (host/group_guard.hpp). "x\n" means the run ended normally: nothing to end. The
+// the run (host/launch/group_guard.hpp). "x\n" means the run ended normally: nothing to end. The
 // host ends the guard when the run ends.
 int run_guard() {
   const pid_t host = ::getppid();

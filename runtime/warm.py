@@ -4,7 +4,7 @@
 #
 #   airhost-rank --warm-server --socket PATH --preload auto|none|mod,mod [--parent-pid PID]
 #
-# host/warm_starter.hpp documents the protocol (frames in the control channel's codec).
+# host/launch/warm_starter.hpp documents the protocol (frames in the control channel's codec).
 # serve() returns an int (the server's exit code) in the server, and a dict (the rank's job)
 # in a forked rank; airhost-rank then calls run_child(job) from a clean Python stack, so the
 # user's code never runs under the server's frames.

@@ -1,4 +1,4 @@
-// cli.cpp — argv → HostOptions. Every mistake is caught here, before anything starts, with
+// command_line.cpp — argv → HostOptions. Every mistake is caught here, before anything starts, with
 // one sentence that says what was wrong and what to type instead.
 #include "cli/command_line.hpp"
 

@@ -1,4 +1,4 @@
-// cli.hpp — argv → one typed HostOptions, before anything runs.
+// command_line.hpp — argv → one typed HostOptions, before anything runs.
 #pragma once
 
 #include <string>

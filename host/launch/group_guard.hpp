@@ -10,7 +10,7 @@
 // the run, so it leaves no zombie behind either.
 //
 // What left the ranks' groups (a new session, a daemon) is ended too: the host tells the
-// guard each such process it sees (pid and start time, host/proc_tree.hpp), and the guard
+// guard each such process it sees (pid and start time, host/launch/proc_tree.hpp), and the guard
 // also looks for every process whose environment holds the run's AIRHOST_RUN_ID. It ends
 // them all, stopped first so that none forks its way out, then SIGKILLed.
 //

@@ -73,7 +73,7 @@ struct LaunchSpec {
   std::string working_dir;                // ranks' cwd; empty = the caller's
   OutputOptions output;
   std::string warm_socket;                // a warm server's socket: fork the ranks from it
-                                          // (host/warm_starter.hpp); falls back to a cold start
+                                          // (host/launch/warm_starter.hpp); falls back to a cold start
                                           // when there is none or it refuses; empty = cold
   std::string warm_preload;               // what the warm server must have preloaded, as given to
                                           // it ("auto", "torch,numpy"); empty = whatever it has

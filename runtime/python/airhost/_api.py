@@ -230,7 +230,7 @@ class _WarmServer:
         self.dir = tempfile.mkdtemp(prefix="airhost-warm-")  # 0700
         self.socket = os.path.join(self.dir, "warm.sock")
         env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", "1")  # as every rank gets it (host/rank_env.cpp)
+        env.setdefault("OMP_NUM_THREADS", "1")  # as every rank gets it (host/launch/rank_env.cpp)
         env["PYTHONUNBUFFERED"] = "1"
         with open(os.path.join(self.dir, "warm.log"), "ab") as log:
             self.proc = subprocess.Popen(

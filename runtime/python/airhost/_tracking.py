@@ -11,7 +11,7 @@ notebook on, the run is made at once: it costs milliseconds.) Ranks get
 AIRHOST_MLFLOW_PENDING=<that file>; a rank binds the run when it imports mlflow
 (bootstrap.py), waiting for the file if need be, so a plain `mlflow.log_metric(...)` on any
 rank lands in the run, and a rank that never touches mlflow never waits. The host CLI does
-the same with a helper process (host/tracking.hpp).
+the same with a helper process (host/cli/tracking.hpp).
 
 The run is nested under the caller's active run, if any. Ranks that end their fluent run at
 exit mark it FINISHED; finish() sets the final status afterwards, so the run always ends
