@@ -218,8 +218,12 @@ class WarmStarter final : public RankStarter {
 }  // namespace
 
 std::string default_warm_socket() {
+  // Not next to the runs root: AIRHOST_RUNS_DIR may be set per launch (a job's own log
+  // folder), and the user's server must be found from every one of them.
   if (const char* dir = std::getenv("AIRHOST_STATE_DIR"); dir && *dir) return std::string(dir) + "/warm.sock";
-  return dirname_of(default_runs_root()) + "/warm.sock";
+  if (const char* state = std::getenv("XDG_STATE_HOME"); state && *state) return std::string(state) + "/airhost/warm.sock";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.local/state/airhost/warm.sock";
+  return "/tmp/airhost-state-" + std::to_string(::getuid()) + "/warm.sock";
 }
 
 int warm_connect(const std::string& path) {

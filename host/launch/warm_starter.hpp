@@ -49,8 +49,8 @@ struct WarmServerInfo {
   int ranks = 0;
 };
 
-// Where a user's session server listens: $AIRHOST_STATE_DIR/warm.sock, else the parent of
-// the runs root (~/.local/state/airhost/warm.sock).
+// Where a user's session server listens: $AIRHOST_STATE_DIR/warm.sock, else
+// ${XDG_STATE_HOME:-~/.local/state}/airhost/warm.sock, whatever AIRHOST_RUNS_DIR says.
 std::string default_warm_socket();
 
 // Connects to the server behind `path`, after checking the socket is a socket of this user

@@ -291,6 +291,9 @@ class Airhost:
         for name in unset:
             env.pop(name, None)
         env["AIRHOST_RUNS_DIR"] = str(runs_root)
+        # The test's own state dir: its warm server (test_warm.py) is found by its launches
+        # and by no other test's.
+        env["AIRHOST_STATE_DIR"] = str(self.tmp_path)
         env["AIRHOST_TEST_MARK"] = marker_of(self.tmp_path)
         # mlflow is installed in the test venv: no MLflow run per launch unless a test asks
         # for one (tests/py/test_cli_tracking.py does).

@@ -1,6 +1,6 @@
 """Warm start: a warm server (airhost-rank --warm-server, torch preloaded) forks the ranks.
 
-Each test's launches share AIRHOST_RUNS_DIR's parent as state dir, so `airhost warm start`
+Each test's launches share its tmp_path as AIRHOST_STATE_DIR, so `airhost warm start`
 puts the socket in the test's tmp_path; the fixture stops the server at the end and the
 suite's no_process_outlives_the_test checks that nothing of it is left."""
 from __future__ import annotations
@@ -94,6 +94,29 @@ def test_a_warm_launch_forks_ranks_with_their_own_pid_group_env_and_logs(airhost
         assert run.rank(r)["pid"] == w["pid"]
     assert got[0]["pid"] != got[1]["pid"]
     assert str(who) == got[0]["file"]
+
+
+def test_the_users_warm_server_is_found_whatever_runs_dir_a_launch_uses(airhost, warm, tmp_path):
+    # No AIRHOST_STATE_DIR: the server's socket is under XDG_STATE_HOME, and a launch whose
+    # AIRHOST_RUNS_DIR is a job's own folder elsewhere must still find it.
+    state = tmp_path / "xdg"
+    warm.env = {"XDG_STATE_HOME": str(state)}
+    full = warm.airhost.env(tmp_path / "runs-warm", warm.env)
+    full.pop("AIRHOST_STATE_DIR")
+    r = subprocess.run([airhost.binary, "warm", "start", "--preload", "torch"], env=full, capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    server = int(re.search(r"warm server pid (\d+)", r.stderr).group(1))
+    assert (state / "airhost" / "warm.sock").is_socket()
+    try:
+        write(airhost.work / "who.py", WHO)
+        run = airhost("who.py", "-n", "2", env={"XDG_STATE_HOME": str(state), "AIRHOST_STATE_DIR": ""})
+        run.assert_rc(0)
+        assert f"airhost: warm start (server pid {server}" in run.err, run.err
+        assert all(rec["ppid"] == server for rec in records(run, 2))
+    finally:
+        subprocess.run([airhost.binary, "warm", "stop"], env=full, capture_output=True, timeout=60)
+        wait_for(lambda: not is_running(server), 10, "the warm server to exit")
 
 
 def test_the_mlp_ddp_example_gives_identical_results_warm_and_cold(airhost, warm):
