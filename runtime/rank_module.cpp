@@ -5,11 +5,9 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <string_view>
 #include <system_error>
 
@@ -52,25 +50,9 @@ void send(FrameKind kind, std::string_view payload) {
 // the read that brings that byte, so it has it by the time the frame is complete.
 void send_with_fd(FrameKind kind, std::string_view payload, int fd) {
   if (control_fd < 0) throw std::runtime_error("this process is not an airhost rank (no control channel)");
-  std::string frame = detail::encode_frame(kind, payload);
+  const std::string frame = detail::encode_frame(kind, payload);
   py::gil_scoped_release release;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  iovec iov{frame.data(), frame.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-  cm->cmsg_level = SOL_SOCKET;
-  cm->cmsg_type = SCM_RIGHTS;
-  cm->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-  ssize_t n;
-  do n = ::sendmsg(control_fd, &msg, MSG_NOSIGNAL);
-  while (n < 0 && errno == EINTR);
-  if (n < 0) throw std::system_error(errno, std::generic_category(), "airhost control channel");
-  write_all(std::string_view(frame).substr(static_cast<std::size_t>(n)));  // the rest, if the socket took part
+  detail::send_with_fds(control_fd, frame, &fd, 1, "airhost control channel");
 }
 
 std::string_view view(const py::bytes& b) {

@@ -1,6 +1,10 @@
 #include "launch/frames.hpp"
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <cstring>
+#include <system_error>
 
 namespace airhost::detail {
 namespace {
@@ -97,6 +101,34 @@ Fields decode_fields(std::string_view p) {
     at += vlen;
   }
   return fields;
+}
+
+void send_with_fds(int fd, std::string_view bytes, const int* fds, int nfds, const char* what) {
+  constexpr int kMaxFds = 4;
+  if (nfds < 0 || nfds > kMaxFds) throw std::invalid_argument("send_with_fds: 0 to 4 descriptors");
+  std::size_t off = 0;
+  while (off < bytes.size()) {
+    iovec iov{const_cast<char*>(bytes.data() + off), bytes.size() - off};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
+    if (nfds > 0 && off == 0) {  // the descriptors travel with the message's first byte
+      msg.msg_control = control;
+      msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+      std::memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+    }
+    const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw std::system_error(errno, std::generic_category(), what);
+    }
+    off += static_cast<std::size_t>(n);
+  }
 }
 
 }  // namespace airhost::detail

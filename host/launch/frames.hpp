@@ -70,6 +70,12 @@ class FrameDecoder {
   std::size_t consumed_ = 0;
 };
 
+// Writes all of `bytes` to the Unix socket `fd` (blocking), `nfds` descriptors (at most 4)
+// riding with the first byte (SCM_RIGHTS), so the reader has them by the time the frame they
+// belong to is complete. Retries EINTR; throws std::system_error naming `what`. Shared by the
+// rank (result_fd frames) and the host (a warm START hands the rank's pipes over).
+void send_with_fds(int fd, std::string_view bytes, const int* fds, int nfds, const char* what);
+
 using Fields = std::map<std::string, std::string>;
 std::string encode_fields(const Fields& fields);
 Fields decode_fields(std::string_view payload);  // throws FrameError when malformed

@@ -32,30 +32,8 @@ std::string join(const std::vector<std::string>& parts) {
 }
 
 void send_frame(int fd, WarmKind kind, const Fields& fields, const int* fds = nullptr, int nfds = 0) {
-  const std::string bytes = encode_frame(static_cast<std::uint16_t>(kind), encode_fields(fields));
-  std::size_t off = 0;
-  while (off < bytes.size()) {
-    iovec iov{const_cast<char*>(bytes.data() + off), bytes.size() - off};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-    if (nfds > 0 && off == 0) {  // the descriptors travel with the message's first byte
-      msg.msg_control = control;
-      msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
-      std::memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
-    }
-    const ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      throw std::system_error(errno, std::generic_category(), "warm server connection");
-    }
-    off += static_cast<std::size_t>(n);
-  }
+  send_with_fds(fd, encode_frame(static_cast<std::uint16_t>(kind), encode_fields(fields)), fds, nfds,
+                "warm server connection");
 }
 
 // Blocks (up to the timeout) until a whole frame is in `decoder`; false at EOF.

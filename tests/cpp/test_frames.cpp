@@ -1,5 +1,13 @@
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <system_error>
+#include <thread>
+
 #include "launch/frames.hpp"
 
 using namespace airhost::detail;
@@ -53,4 +61,55 @@ TEST_CASE("error fields round-trip, binary values included, and malformed lists 
   std::string bad = encode_fields(f);
   bad.pop_back();
   CHECK_THROWS_AS(decode_fields(bad), FrameError);
+}
+
+TEST_CASE("send_with_fds delivers every byte and the descriptors with the first read") {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  int p1[2], p2[2];
+  REQUIRE(::pipe(p1) == 0);
+  REQUIRE(::pipe(p2) == 0);
+  // Larger than the socket buffer, so the sender needs several sendmsg calls.
+  const std::string frame = encode_frame(FrameKind::result_fd, std::string(4 << 20, 'r'));
+  const int fds[2] = {p1[1], p2[1]};
+  std::thread sender([&] { send_with_fds(sv[0], frame, fds, 2, "test socket"); });
+
+  std::string got(frame.size(), '\0');
+  std::size_t have = 0;
+  std::vector<int> passed;
+  while (have < got.size()) {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+    iovec iov{got.data() + have, got.size() - have};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(sv[1], &msg, MSG_CMSG_CLOEXEC);
+    REQUIRE(n > 0);
+    for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm)) {
+      const std::size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+        passed.push_back(fd);
+      }
+      CHECK(have == 0);  // only the read that brings the first byte carries them
+    }
+    have += static_cast<std::size_t>(n);
+  }
+  sender.join();
+  CHECK(got == frame);
+  REQUIRE(passed.size() == 2);
+  // The passed descriptors are the pipes' write ends: what goes in comes out of p1/p2.
+  CHECK(::write(passed[0], "a", 1) == 1);
+  CHECK(::write(passed[1], "b", 1) == 1);
+  char c = 0;
+  CHECK(::read(p1[0], &c, 1) == 1);
+  CHECK(c == 'a');
+  CHECK(::read(p2[0], &c, 1) == 1);
+  CHECK(c == 'b');
+  for (int fd : {sv[0], sv[1], p1[0], p1[1], p2[0], p2[1], passed[0], passed[1]}) ::close(fd);
+
+  CHECK_THROWS_AS(send_with_fds(-1, "x", nullptr, 0, "closed socket"), std::system_error);
 }
