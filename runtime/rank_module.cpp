@@ -35,11 +35,17 @@ void write_all(std::string_view data) {
   }
 }
 
-// Header and payload are written separately, so a 1 GB result is never copied again.
-void send(FrameKind kind, std::string_view payload) {
+// Only the rank itself talks to the host: a process forked from it (a daemon, a DataLoader
+// worker) shares the descriptor, and its frames would interleave with the rank's.
+void require_channel() {
   if (control_fd < 0) throw std::runtime_error("this process is not an airhost rank (no control channel)");
   if (::getpid() != control_pid)
     throw std::runtime_error("this process was forked from an airhost rank; only the rank itself talks to the host");
+}
+
+// Header and payload are written separately, so a 1 GB result is never copied again.
+void send(FrameKind kind, std::string_view payload) {
+  require_channel();
   const std::string header = detail::encode_frame_header(static_cast<std::uint16_t>(kind), payload.size());
   py::gil_scoped_release release;  // other threads run while a big payload drains
   write_all(header);
@@ -49,7 +55,7 @@ void send(FrameKind kind, std::string_view payload) {
 // A frame whose first byte carries `fd` (SCM_RIGHTS): the host receives the descriptor with
 // the read that brings that byte, so it has it by the time the frame is complete.
 void send_with_fd(FrameKind kind, std::string_view payload, int fd) {
-  if (control_fd < 0) throw std::runtime_error("this process is not an airhost rank (no control channel)");
+  require_channel();
   const std::string frame = detail::encode_frame(kind, payload);
   py::gil_scoped_release release;
   detail::send_with_fds(control_fd, frame, &fd, 1, "airhost control channel");
