@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,6 +36,13 @@ def script(name: str) -> str:
     path = SCRIPTS / name
     assert path.is_file(), path
     return str(path)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the kernel's pick), for tests that must name one."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def line_of(path: str, marker: str) -> int:

@@ -3,12 +3,11 @@ launches."""
 import json
 import os
 import re
-import socket
 import stat
 
 import pytest
 
-from conftest import script, split_lines
+from conftest import free_port, script, split_lines
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,12 +123,6 @@ def test_twenty_concurrent_launches_each_get_their_own_master_port(airhost, work
         ports.append(found.pop())
         run.assert_logs_complete()
     assert len(set(ports)) == launches, f"MASTER_PORTs shared between concurrent runs: {sorted(ports)}"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_master_addr_and_master_port_flags_reach_the_ranks(airhost, work):

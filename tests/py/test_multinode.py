@@ -11,18 +11,12 @@ import time
 
 import pytest
 
-from conftest import live_processes, script, wait_until_gone
+from conftest import free_port, live_processes, script, wait_until_gone
 
 pytestmark = pytest.mark.timeout(90)
 
 NODE_TIMEOUT = 3  # tight, so that the tests of a lost node are quick
 COMMON = ("--node-timeout", str(NODE_TIMEOUT), "--grace", "2", "--join-timeout", "60")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node(airhost, rank, port, *args, nnodes=2, n=2, script_args=()):

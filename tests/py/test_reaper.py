@@ -36,19 +36,26 @@ def escaped(work: Path, ranks=(0, 1)) -> dict[str, int]:
     return found
 
 
-def children_of_this_process() -> list[tuple[int, str]]:
-    me = os.getpid()
-    out = []
+def stat_of(pid: int) -> tuple[str, int] | None:
+    """(state letter, parent pid) from /proc/PID/stat; None when the process is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return fields[0], int(fields[1])
+
+
+def all_stats() -> dict[int, tuple[str, int]]:
+    stats = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-        if int(fields[1]) == me:
-            out.append((int(name), fields[0]))
-    return out
+        if name.isdigit() and (st := stat_of(int(name))) is not None:
+            stats[int(name)] = st
+    return stats
+
+
+def children_of(parent: int) -> list[tuple[int, str]]:
+    """(pid, state letter) of each process whose parent is `parent`."""
+    return [(pid, state) for pid, (state, ppid) in all_stats().items() if ppid == parent]
 
 
 def assert_gone(pids: dict[str, int], timeout: float = 5.0, reap: bool = False) -> None:
@@ -57,7 +64,7 @@ def assert_gone(pids: dict[str, int], timeout: float = 5.0, reap: bool = False) 
     deadline = time.monotonic() + timeout
     while True:
         if reap:
-            for pid, state in children_of_this_process():
+            for pid, state in children_of(os.getpid()):
                 if state == "Z":
                     os.waitpid(pid, os.WNOHANG)
         left = {name: (pid, process_state(pid)) for name, pid in pids.items() if process_state(pid) is not None}
@@ -124,7 +131,7 @@ def test_what_left_the_groups_is_gone_after_the_host_is_sigkilled(airhost, work,
 
     # The guard and the ranks too (children of this test's subreaper now): all end.
     def no_child_left():
-        kids = children_of_this_process()
+        kids = children_of(os.getpid())
         for pid, state in kids:
             if state == "Z":
                 os.waitpid(pid, os.WNOHANG)
@@ -177,16 +184,9 @@ def as_pid1(airhost) -> AsPid1:
 def host_of(started) -> int:
     """The pid (as this namespace sees it) of the airhost that is PID 1 inside: unshare's child."""
     def find():
-        kids = [int(n) for n in os.listdir("/proc") if n.isdigit() and _ppid(int(n)) == started.pid]
-        return kids[0] if kids else None
+        kids = children_of(started.pid)
+        return kids[0][0] if kids else None
     return wait_for(find, 10, "unshare's child")
-
-
-def _ppid(pid: int):
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return None
 
 
 @pid1
@@ -226,10 +226,7 @@ def test_as_pid1_a_bad_command_line_exits_2(as_pid1):
 
 
 def descendants(pid: int) -> list[int]:
-    parents = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            parents[int(name)] = _ppid(int(name))
+    parents = {p: ppid for p, (_, ppid) in all_stats().items()}
     found, frontier = [], {pid}
     while frontier:
         frontier = {p for p, pp in parents.items() if pp in frontier}

@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import VENV_BIN, marker_of, script
+from conftest import VENV_BIN, free_port, marker_of, script
 
 DAEMONS = ["munged", "slurmctld", "slurmd", "srun", "sinfo", "salloc", "scancel"]
 MISSING = [d for d in DAEMONS if not shutil.which(d, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")]
@@ -41,12 +40,6 @@ pytestmark = [
 
 def which(name: str) -> str:
     return shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(argv, **kw) -> subprocess.CompletedProcess:
