@@ -1,28 +1,21 @@
 // airhost — run a Python script or function on every accelerator of this node.
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <array>
 #include <cstdio>
-#include <set>
 #include <string>
 #include <vector>
 
-#include "gpu/accelerators.hpp"
 #include "airhost/airhost.hpp"
+#include "base/util.hpp"
+#include "cli/cluster_env.hpp"
 #include "cli/command_line.hpp"
 #include "cli/commands.hpp"
-#include "cli/cluster_env.hpp"
-#include "gpu/doctor.hpp"
-#include "launch/rank_env.hpp"
-#include "launch/run_report.hpp"
-#include "launch/run_dir.hpp"
 #include "cli/tracking.hpp"
-#include "base/util.hpp"
+#include "gpu/accelerators.hpp"
+#include "launch/run_dir.hpp"
+#include "launch/run_report.hpp"
 #include "launch/warm_starter.hpp"
 
 using namespace airhost;
