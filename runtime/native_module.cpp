@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 
+#include <cstdint>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>

@@ -14,6 +14,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>

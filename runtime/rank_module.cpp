@@ -7,6 +7,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cerrno>
 #include <string_view>
 #include <system_error>

@@ -13,7 +13,7 @@ namespace {
 
 constexpr std::size_t kMaxHosts = 100000;
 
-std::string quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
+std::string single_quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 std::optional<long long> to_integer(std::string_view text) {
   long long value = 0;
@@ -37,7 +37,7 @@ std::string pad(unsigned long long n, std::size_t width) {
 }
 
 [[noreturn]] void bad_hostlist(std::string_view list, const std::string& why) {
-  throw ConfigError("cannot read the Slurm node list " + quoted(list) + ": " + why +
+  throw ConfigError("cannot read the Slurm node list " + single_quoted(list) + ": " + why +
                     "; expected host names and bracket ranges like gpu[01-04,07]");
 }
 
@@ -54,12 +54,12 @@ std::vector<std::string> expand_group(std::string_view list, std::string_view in
     const std::string_view hi = dash == std::string_view::npos ? lo : item.substr(dash + 1);
     if (!all_digits(lo) || !all_digits(hi)) {
       bad_hostlist(list, item.empty() ? "an empty range in [" + std::string(inside) + "]"
-                                      : "range " + quoted(item) + " is not NUMBER or LOW-HIGH");
+                                      : "range " + single_quoted(item) + " is not NUMBER or LOW-HIGH");
     }
-    if (lo.size() > 18 || hi.size() > 18) bad_hostlist(list, "range " + quoted(item) + " has too many digits");
+    if (lo.size() > 18 || hi.size() > 18) bad_hostlist(list, "range " + single_quoted(item) + " has too many digits");
     const auto a = std::stoull(std::string(lo));
     const auto b = std::stoull(std::string(hi));
-    if (b < a) bad_hostlist(list, "range " + quoted(item) + " goes backwards (" + std::string(hi) + " < " + std::string(lo) + ")");
+    if (b < a) bad_hostlist(list, "range " + single_quoted(item) + " goes backwards (" + std::string(hi) + " < " + std::string(lo) + ")");
     if (b - a >= kMaxHosts || out.size() + (b - a) >= kMaxHosts)
       bad_hostlist(list, "more than " + std::to_string(kMaxHosts) + " hosts");
     for (auto n = a; n <= b; ++n) out.push_back(pad(n, lo.size()));
@@ -74,7 +74,7 @@ void expand_entry(std::string_view list, std::string_view entry, std::vector<std
   std::vector<std::string> names = {""};
   std::size_t i = 0;
   while (i < entry.size()) {
-    if (entry[i] == ']') bad_hostlist(list, "a ']' without its '[' in " + quoted(entry));
+    if (entry[i] == ']') bad_hostlist(list, "a ']' without its '[' in " + single_quoted(entry));
     if (entry[i] != '[') {
       const std::size_t next = entry.find_first_of("[]", i);
       const std::string_view text = entry.substr(i, next == std::string_view::npos ? next : next - i);
@@ -83,9 +83,9 @@ void expand_entry(std::string_view list, std::string_view entry, std::vector<std
       continue;
     }
     const std::size_t close = entry.find(']', i);
-    if (close == std::string_view::npos) bad_hostlist(list, "a '[' is never closed in " + quoted(entry));
+    if (close == std::string_view::npos) bad_hostlist(list, "a '[' is never closed in " + single_quoted(entry));
     const std::string_view inside = entry.substr(i + 1, close - i - 1);
-    if (inside.find('[') != std::string_view::npos) bad_hostlist(list, "brackets inside brackets in " + quoted(entry));
+    if (inside.find('[') != std::string_view::npos) bad_hostlist(list, "brackets inside brackets in " + single_quoted(entry));
     const auto numbers = expand_group(list, inside);
     if (names.size() * numbers.size() + out.size() > kMaxHosts)
       bad_hostlist(list, "more than " + std::to_string(kMaxHosts) + " hosts");
@@ -98,7 +98,7 @@ void expand_entry(std::string_view list, std::string_view entry, std::vector<std
   }
   for (auto& n : names) {
     for (char c : n)
-      if (c == ' ' || c == '\t' || c == '\n') bad_hostlist(list, "host name " + quoted(n) + " contains white space");
+      if (c == ' ' || c == '\t' || c == '\n') bad_hostlist(list, "host name " + single_quoted(n) + " contains white space");
     out.push_back(std::move(n));
   }
 }
@@ -109,7 +109,7 @@ std::optional<int> int_var(const EnvMap& env, const std::string& name, int min) 
   if (it == env.end()) return std::nullopt;
   const auto n = to_integer(it->second);
   if (!n || *n < min || *n > INT_MAX) {
-    throw ConfigError(name + "=" + quoted(it->second) + " in the environment is not " +
+    throw ConfigError(name + "=" + single_quoted(it->second) + " in the environment is not " +
                       (min > 0 ? "a positive integer" : "a non-negative integer") +
                       "; fix or unset it, or give the value as a flag");
   }
@@ -147,7 +147,7 @@ ClusterTopology detect_slurm(const EnvMap& env) {
   t.evidence = kv("SLURM_JOB_ID", env.at("SLURM_JOB_ID"));
   const auto job_id = to_integer(env.at("SLURM_JOB_ID"));
   if (!job_id || *job_id < 0)
-    throw ConfigError("SLURM_JOB_ID=" + quoted(env.at("SLURM_JOB_ID")) + " in the environment is not a job number");
+    throw ConfigError("SLURM_JOB_ID=" + single_quoted(env.at("SLURM_JOB_ID")) + " in the environment is not a job number");
 
   // Several airhosts on one node: each would start all of the node's ranks.
   if (const auto* tpn = var(env, "SLURM_STEP_TASKS_PER_NODE")) {
@@ -251,7 +251,7 @@ std::optional<ClusterTopology> detect_pet(const EnvMap& env) {
       const auto lo = to_integer(std::string_view(text).substr(0, colon));
       const auto hi = to_integer(std::string_view(text).substr(colon + 1));
       if (!lo || !hi || *lo < 1 || *hi < *lo)
-        throw ConfigError("PET_NNODES=" + quoted(text) + " in the environment is not N or MIN:MAX");
+        throw ConfigError("PET_NNODES=" + single_quoted(text) + " in the environment is not N or MIN:MAX");
       if (*lo != *hi)
         throw ConfigError("PET_NNODES=" + text + " asks for an elastic node count, but airhost runs a fixed number of "
                           "nodes; give the job minReplicas = maxReplicas (or no elasticPolicy), or --nnodes");
@@ -259,7 +259,7 @@ std::optional<ClusterTopology> detect_pet(const EnvMap& env) {
     }
     const auto n = to_integer(text);
     if (!n || *n < 1 || *n > INT_MAX)
-      throw ConfigError("PET_NNODES=" + quoted(*pet_nnodes) + " in the environment is not a positive integer");
+      throw ConfigError("PET_NNODES=" + single_quoted(*pet_nnodes) + " in the environment is not a positive integer");
     t.nnodes = static_cast<int>(*n);
     t.why["nnodes"] = kv("PET_NNODES", *pet_nnodes);
     if (const auto r = int_var(env, "PET_NODE_RANK", 0)) {
@@ -341,7 +341,7 @@ std::vector<std::string> expand_slurm_hostlist(std::string_view list) {
 std::vector<int> expand_slurm_tasks_per_node(std::string_view text) {
   std::vector<int> out;
   const auto bad = [&] {
-    return ConfigError("cannot read the Slurm tasks per node " + quoted(text) + "; expected counts like 2(x3),1");
+    return ConfigError("cannot read the Slurm tasks per node " + single_quoted(text) + "; expected counts like 2(x3),1");
   };
   std::size_t start = 0;
   while (start <= text.size()) {

@@ -1,5 +1,7 @@
 #include "launch/escapees.hpp"
 
+#include <cstdint>
+
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>

@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <cstdint>
 #include <cerrno>
 #include <cstring>
 #include <system_error>

@@ -23,6 +23,7 @@
 // codec is the control channel's; the kinds below are this link's own.
 #pragma once
 
+#include <cstdint>
 #include <chrono>
 #include <functional>
 #include <memory>

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>

@@ -1,5 +1,6 @@
 #include "launch/rank_starter.hpp"
 
+#include <cstdint>
 #include <system_error>
 
 namespace airhost::detail {

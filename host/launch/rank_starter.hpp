@@ -8,6 +8,7 @@
 
 #include <uv.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>

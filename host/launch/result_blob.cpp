@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>

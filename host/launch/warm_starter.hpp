@@ -23,6 +23,7 @@
 // the server closing it (it died) makes the starter fail the connection's running ranks.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
