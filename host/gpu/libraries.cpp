@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include "base/util.hpp"
 
@@ -150,7 +151,46 @@ std::vector<std::string> site_packages_dirs() {
     }
   }
 #endif
+  // An environment layered over another (a venv whose .pth names the site-packages of the
+  // Python that holds torch, as scripts/gpu-check.sh makes on a node without a registry)
+  // finds NVIDIA's wheels there too, as the ranks' interpreter does.
+  const size_t own = dirs.size();
+  for (size_t i = 0; i < own; ++i) {
+    for (const auto& extra : pth_site_dirs(dirs[i])) {
+      if (std::find(dirs.begin(), dirs.end(), extra) == dirs.end()) dirs.push_back(extra);
+    }
+  }
   return dirs;
+}
+
+std::vector<std::string> pth_site_dirs(const std::string& site_dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  std::vector<std::filesystem::path> pth_files;
+  for (const auto& entry : std::filesystem::directory_iterator(site_dir, ec)) {
+    if (entry.path().extension() == ".pth") pth_files.push_back(entry.path());
+  }
+  std::sort(pth_files.begin(), pth_files.end());  // site.py reads them in name order
+  for (const auto& file : pth_files) {
+    std::ifstream in(file);
+    std::string line;
+    while (std::getline(in, line)) {
+      // site.py: '#' lines are comments, "import" lines are code; any other line is a
+      // directory to add, relative to the .pth file's own directory when not absolute.
+      while (!line.empty() && (line.back() == '\r' || line.back() == ' ' || line.back() == '\t' ||
+                                 (line.back() == '/' && line.size() > 1))) {
+        line.pop_back();
+      }
+      if (line.empty() || line[0] == '#' || line.rfind("import ", 0) == 0 || line.rfind("import\t", 0) == 0) continue;
+      std::filesystem::path dir(line);
+      if (dir.is_relative()) dir = std::filesystem::path(site_dir) / dir;
+      const std::string name = dir.lexically_normal().filename().string();
+      if ((name == "site-packages" || name == "dist-packages") && std::filesystem::is_directory(dir, ec)) {
+        found.push_back(dir.lexically_normal().string());
+      }
+    }
+  }
+  return found;
 }
 
 std::string cuda_version_string(int version) {

@@ -50,6 +50,11 @@ OpenedLibrary open_library(const LibrarySpec& spec, const std::vector<std::strin
 // its binary is installed in, and the one it was built for.
 std::vector<std::string> site_packages_dirs();
 
+// The site-packages (or dist-packages) directories that the .pth files of `site_dir` add to
+// sys.path by a path line, as site.py reads them: in file-name order, relative lines against
+// `site_dir`, comments and `import` lines skipped, only directories that exist.
+std::vector<std::string> pth_site_dirs(const std::string& site_dir);
+
 // "12.4" from a CUDA version number as NVML and the CUDA runtime give it (12040); "" for 0.
 std::string cuda_version_string(int version);
 // "2.21.5" from NCCL's or cuBLAS's version number (22105; before NCCL 2.9, 2708 → 2.7.8).

@@ -137,3 +137,23 @@ TEST_CASE("a library that lacks required entry points is named by the first one 
   CHECK(static_cast<bool>(api.ncclAllReduce));
 }
 #endif
+
+TEST_CASE("a venv layered over another finds the other's site-packages through its .pth path lines") {
+  TempDir own, node;
+  node.write("lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2", "");
+  node.write("lib/python3.12/dist-packages/x.py", "");
+  const std::string node_site = node.path() + "/lib/python3.12/site-packages";
+  own.write("b_layer.pth", "# the node's packages\n" + node_site + "\nimport site; site.addsitedir('" + node_site +
+                               "')\n../../../elsewhere/site-packages\n");
+  own.write("a_first.pth", node.path() + "/lib/python3.12/dist-packages/\r\n" + node.path() + "/lib/not-a-site\n");
+  own.write("c_missing.pth", "/no/such/dir/site-packages\n");
+  own.write("readme.txt", node_site + "\n");  // not a .pth: never read
+  const auto dirs = pth_site_dirs(own.path());
+  REQUIRE(dirs.size() == 2);
+  CHECK(dirs[0] == node.path() + "/lib/python3.12/dist-packages");  // a_first.pth comes first
+  CHECK(dirs[1] == node_site);
+  CHECK(pth_site_dirs(own.path() + "/no-such-dir").empty());
+  // And the layered site-packages is searched for NVIDIA's wheels like one's own.
+  const auto c = library_candidates(nccl_library(), dirs);
+  CHECK(position(c, node_site + "/nvidia/nccl/lib/libnccl.so.2") >= 0);
+}
