@@ -8,7 +8,8 @@
 #            against the node's own python3 (AIRHOST_GPU_CHECK_NODE_PYTHON to name another)
 #            and the torch it already has (torch 2.x with CUDA), with every core, into a venv
 #            of its own (AIRHOST_GPU_CHECK_VENV, default build/gpu-check-venv) that sees the
-#            node's packages through a .pth file and leaves the node's environment untouched.
+#            node's packages through a .pth file and leaves the node's environment untouched;
+#            CMake's build tree: AIRHOST_GPU_CHECK_BUILD_DIR (default build/gpu-check-build).
 #
 # AIRHOST_GPU_CHECK_REHEARSAL=1 rehearses on a machine without a GPU: the steps that need one
 # are SKIP, the others run (the build, the Python API and the CLI on CPU ranks, a warm start).
@@ -70,13 +71,9 @@ record() {  # record NAME PASS|FAIL|SKIP DETAIL
   details+=("$3")
   printf '%-9s %-4s %s\n' "$1" "$2" "$3"
 }
-needs_gpu() {  # needs_gpu STEP...: true when there is a GPU to run them on; else records them
+needs_gpu() {  # needs_gpu STEP...: true when there is a GPU to run them on; else (a rehearsal) SKIPs them
   [ "${have_gpu:-0}" = 1 ] && return 0
-  local why="no GPU here"
-  [ "$REHEARSAL" = 1 ] && why="needs a GPU (rehearsal)"
-  for s in "$@"; do
-    if [ "$REHEARSAL" = 1 ]; then record "$s" SKIP "$why"; else record "$s" FAIL "no GPU: ${gpu_why:-torch sees none}"; fi
-  done
+  for s in "$@"; do record "$s" SKIP "needs a GPU (rehearsal)"; done
   return 1
 }
 started=$(date +%s)
@@ -151,7 +148,7 @@ build_offline() {
   CMAKE_BUILD_PARALLEL_LEVEL=$NPROC PKG_CONFIG=/nonexistent-pkg-config \
   CMAKE_ARGS="-DAIRHOST_LIBUV_DIR=$BUNDLE/libuv -DCMAKE_PREFIX_PATH=$BUNDLE -Dpybind11_DIR=$pybind11_dir" \
     "$PY" -m pip install -v --no-index --no-build-isolation --no-deps --disable-pip-version-check \
-      --config-settings=build-dir="$ROOT/build/gpu-check-build" --config-settings=build.tool-args=-k0 "$ROOT" || return 1
+      --config-settings=build-dir="${AIRHOST_GPU_CHECK_BUILD_DIR:-$ROOT/build/gpu-check-build}" --config-settings=build.tool-args=-k0 "$ROOT" || return 1
   [ -x "$AIRHOST" ] || { echo "pip install . left no $AIRHOST" >&2; return 1; }
 }
 if [ -n "$BUNDLE" ]; then
@@ -179,8 +176,15 @@ else
 fi
 
 run_dir() { echo "$LOGS/$1-run-$(date +%Y%m%d-%H%M%S)"; }
+all_steps=(torch doctor json api type ddp fsdp deepspeed warm startup hang)
 if [ ! -x "$AIRHOST" ] || [ ! -x "$PY" ]; then
-  for step in torch doctor json api type ddp fsdp deepspeed warm startup hang; do record "$step" SKIP "no airhost build"; done
+  for step in "${all_steps[@]}"; do record "$step" SKIP "no airhost build"; done
+elif [ $have_gpu = 0 ] && [ "$REHEARSAL" != 1 ]; then
+  # On a GPU node whose GPU is missing (a container started without --gpus, a broken driver),
+  # CPU ranks passing would prove nothing of what this check is for.
+  for step in "${all_steps[@]}"; do
+    record "$step" FAIL "no GPU: ${gpu_why:-torch sees none} (AIRHOST_GPU_CHECK_REHEARSAL=1 rehearses without one)"
+  done
 else
   # --- 2. torch ---------------------------------------------------------------------------------
   probe=$("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available(), torch.cuda.device_count())' 2>&1 | tail -n 1)

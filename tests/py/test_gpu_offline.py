@@ -1,0 +1,176 @@
+"""The GPU check's offline path, rehearsed on this GPU-less machine (issue 23): a bundle made
+with the registries (scripts/gpu-bundle.sh), then scripts/gpu-check.sh building airhost from
+it inside a network namespace with no network at all (`unshare -n`, loopback only), against
+the Python and torch already installed, with the steps that need a GPU reported SKIP, never
+PASS. Then the Pythons airhost builds against: 3.12 besides the suite's 3.11, and a Python
+with no shared libpython, which must stop the build with one sentence.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_PY = Path(sys.executable)
+GPU_STEPS = ("torch", "doctor", "json", "type", "fsdp", "deepspeed", "startup")
+
+
+def summary_rows(output: str) -> dict[str, tuple[str, str]]:
+    """The check's summary table: step → (PASS|FAIL|SKIP, detail)."""
+    rows = {}
+    table = output.split("== Summary", 1)[1]
+    for line in table.splitlines()[1:]:
+        m = re.match(r"^(PASS|FAIL|SKIP)\s+(\S+)\s+(.*)$", line)
+        if m:
+            rows[m.group(2)] = (m.group(1), m.group(3))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / "gpu-bundle"
+    r = subprocess.run(["scripts/gpu-bundle.sh", str(out)], cwd=REPO, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return out
+
+
+def test_the_bundle_holds_a_static_pic_libuv_tomlpp_and_the_wheels_and_says_its_size(bundle):
+    manifest = (bundle / "MANIFEST").read_text()
+    assert re.search(r"^libuv \S+ \(Debian source, \d+ patch\(es\)\), static PIC", manifest, re.M), manifest
+    assert re.search(r"^total: [\d.]+M$", manifest, re.M), manifest
+    archive = next((bundle / "libuv" / "lib").glob("libuv*.a"))
+    assert (bundle / "libuv" / "include" / "uv.h").is_file()
+    assert (bundle / "include" / "toml++" / "toml.h").is_file()
+    # Position-independent: a shared object links it (the Python extension does). A non-PIC
+    # archive (Debian's own libuv_a.a) fails right here with "recompile with -fPIC".
+    so = bundle.parent / "probe.so"
+    r = subprocess.run(["cc", "-shared", "-o", str(so), "-Wl,--whole-archive", str(archive),
+                        "-Wl,--no-whole-archive", "-lpthread", "-ldl"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    wheels = sorted(p.name for p in (bundle / "wheels").glob("*.whl"))
+    assert any(w.startswith("deepspeed-") and w.endswith("-py3-none-any.whl") for w in wheels), wheels
+    assert {"311", "312"} <= {m.group(1) for w in wheels if (m := re.match(r"pydantic_core-.*-cp(\d+)-", w))}
+    size = sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file())
+    assert size < 64 << 20, f"the bundle is {size >> 20} MiB"
+
+
+def test_the_offline_check_builds_from_the_bundle_with_no_network_and_skips_what_needs_a_gpu(bundle, tmp_path):
+    if not shutil.which("unshare") or not shutil.which("ip"):
+        pytest.skip("needs util-linux's unshare and iproute2's ip (scripts/setup.sh installs them)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRHOST_", "MLFLOW_"))}
+    env.update(AIRHOST_GPU_BUNDLE=str(bundle), AIRHOST_GPU_CHECK_REHEARSAL="1",
+               AIRHOST_GPU_CHECK_NODE_PYTHON=str(VENV_PY), AIRHOST_GPU_CHECK_VENV=str(tmp_path / "venv"),
+               AIRHOST_GPU_CHECK_BUILD_DIR=str(tmp_path / "build"), AIRHOST_GPU_CHECK_LOGS=str(tmp_path / "logs"),
+               AIRHOST_TRACKING="0", PKG_CONFIG="/nonexistent")
+    # A network namespace of its own: loopback up (the ranks' store), nothing else to reach.
+    probe = "import urllib.request; urllib.request.urlopen('https://pypi.org/simple/', timeout=5)"
+    r = subprocess.run(["unshare", "-n", "sh", "-c",
+                        f"ip link set lo up && ! {VENV_PY} -c \"{probe}\" 2>/dev/null && exec scripts/gpu-check.sh"],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    rows = summary_rows(out)
+    assert "GPU CHECK: PASS (rehearsal: the GPU steps were skipped)" in out
+    # It says what it found first.
+    assert re.search(r"^   python:   3\.\d+\.\d+ at .*; shared libpython: yes", out, re.M), out
+    assert re.search(r"^   compiler: ", out, re.M)
+    # The build used the bundle's libuv and toml++, not the system's (which this machine has).
+    status, detail = rows["build"]
+    assert status == "PASS", detail
+    assert f"libuv from AIRHOST_LIBUV_DIR: {bundle}/libuv/lib/libuv" in detail, detail
+    assert f"toml++ from {bundle}/include" in detail, detail
+    ninja = (tmp_path / "build" / "build.ninja").read_text()
+    assert f"-I{bundle}/libuv/include" in ninja
+    assert "/usr/lib/x86_64-linux-gnu/libuv" not in ninja
+    native = next((tmp_path / "venv").rglob("_native*.so"))
+    needed = subprocess.run(["readelf", "-d", str(native)], capture_output=True, text=True).stdout
+    assert "libuv" not in needed, "the extension links libuv statically from the bundle"
+    # The steps that need no GPU ran and passed; those that need one were skipped, not passed.
+    for step in ("api", "ddp", "warm"):
+        assert rows[step][0] == "PASS", (step, rows[step])
+    assert "2 rank(s) (gloo on CPU)" in rows["api"][1]
+    for step in GPU_STEPS:
+        assert rows[step] == ("SKIP", "needs a GPU (rehearsal)"), (step, rows[step])
+    # And the node's environment was left alone: airhost went into the check's own venv.
+    assert (tmp_path / "venv" / "bin" / "airhost").is_file()
+
+
+def test_without_rehearsal_a_node_with_no_gpu_fails_the_check_instead_of_skipping(tmp_path):
+    # The same check on a node where the GPU is missing (a container started without --gpus)
+    # must not pass, not even by CPU ranks passing the API and DDP steps: a missing GPU FAILs
+    # every step unless a rehearsal was asked for. The build is not redone here: the online
+    # path with the venv's installed airhost and no setup.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRHOST_", "MLFLOW_"))}
+    env.update(AIRHOST_GPU_CHECK_BIN=str(VENV_PY.parent / "airhost"), AIRHOST_GPU_CHECK_PYTHON=str(VENV_PY),
+               AIRHOST_GPU_CHECK_LOGS=str(tmp_path / "logs"), AIRHOST_TRACKING="0")
+    r = subprocess.run(["scripts/gpu-check.sh"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    rows = summary_rows(out)
+    assert rows["build"][0] == "SKIP"
+    for step in ("torch", "doctor", "api", "ddp", "warm"):
+        assert rows[step][0] == "FAIL" and rows[step][1].startswith("no GPU: "), (step, rows[step])
+    assert "GPU CHECK: FAIL" in out
+
+
+def test_a_python_without_a_shared_libpython_stops_the_build_with_one_sentence(tmp_path):
+    # A FAKE interpreter, named as such: the real .venv Python, told by a sitecustomize that it
+    # was built without --enable-shared (every Python on this machine has a shared libpython,
+    # and building a static CPython would take minutes).
+    fake = tmp_path / "fake-static-python"
+    fake.mkdir()
+    (fake / "sitecustomize.py").write_text("import sysconfig\nsysconfig.get_config_vars()['Py_ENABLE_SHARED'] = 0\n")
+    python = fake / "python3"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={fake} exec {os.path.realpath(VENV_PY)} \"$@\"\n")
+    python.chmod(0o755)
+    r = subprocess.run(["cmake", "-S", str(REPO), "-B", str(tmp_path / "build"), f"-DPython3_EXECUTABLE={python}",
+                        "-DAIRHOST_BUILD_TESTS=OFF", "-DAIRHOST_BUILD_PYTHON=OFF"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0
+    assert "has no shared libpython to embed (it was built without --enable-shared" in r.stderr, r.stderr
+    assert "PYTHON_CONFIGURE_OPTS=--enable-shared" in r.stderr
+    assert "Call Stack" not in r.stderr, "one message, not a trace"
+    assert r.stderr.count("CMake Error") == 1, r.stderr
+
+
+def python_312() -> str | None:
+    """A Python 3.12 that runs (pyenv's shim for python3.12 is on PATH even where 3.12 is not
+    the selected version, and then fails)."""
+    candidates = [shutil.which("python3.12"), *sorted(Path("~/.pyenv/versions").expanduser().glob("3.12*/bin/python3.12"))]
+    for candidate in filter(None, candidates):
+        r = subprocess.run([str(candidate), "-c", "import sys; print(sys.version_info[:2] == (3, 12))"],
+                           capture_output=True, text=True)
+        if r.returncode == 0 and r.stdout.strip() == "True":
+            return str(candidate)
+    return None
+
+
+def test_airhost_builds_and_runs_ranks_with_python_3_12(tmp_path):
+    python = python_312()
+    if python is None:
+        pytest.skip("no Python 3.12 on this machine (pyenv install 3.12 to run this)")
+    build = tmp_path / "build"
+    r = subprocess.run(["cmake", "-S", str(REPO), "-B", str(build), "-G", "Ninja", f"-DPython3_EXECUTABLE={python}",
+                        "-DAIRHOST_BUILD_TESTS=OFF", "-DAIRHOST_BUILD_PYTHON=OFF"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "airhost: embedding Python 3.12" in r.stdout
+    r = subprocess.run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    script = tmp_path / "which.py"
+    script.write_text("import os, sys\nprint('rank', os.environ['RANK'], 'python', sys.version.split()[0], sys.executable)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRHOST_", "MLFLOW_"))}
+    env.update(AIRHOST_RUNS_DIR=str(tmp_path / "runs"), AIRHOST_TRACKING="0")
+    r = subprocess.run([str(build / "airhost"), str(script), "-n", "2", "--cold"], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in (0, 1):
+        assert re.search(rf"^\[rank {rank}\] rank {rank} python 3\.12\.\d+ ", r.stdout, re.M), r.stdout
