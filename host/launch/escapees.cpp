@@ -1,6 +1,7 @@
 #include "launch/escapees.hpp"
 
 #include <cstdint>
+#include <cstdio>
 
 #include <signal.h>
 #include <sys/prctl.h>
@@ -11,6 +12,24 @@
 #include "launch/group_guard.hpp"
 
 namespace airhost::detail {
+
+namespace {
+
+// No exception may unwind through uv_run. A sweep or a reap that fails (out of memory while
+// reading /proc, say) is said once and tried again at the next tick: the ranks themselves are
+// still watched by the supervisor, and the guard ends them should the host die.
+template <typename F>
+void guarded(const char* what, F&& body) noexcept {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "airhost: %s failed: %s\n", what, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "airhost: %s failed\n", what);
+  }
+}
+
+}  // namespace
 namespace {
 
 // How often the loop looks for processes of the run that left their rank's process group,
@@ -43,10 +62,14 @@ void Escapees::start(uv_loop_t* loop, GroupGuard* guard, std::string run_id, boo
     ::prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
     uv_signal_init(loop_, &sigchld_);
     sigchld_.data = this;
-    uv_signal_start(&sigchld_, [](uv_signal_t* s, int) { static_cast<Escapees*>(s->data)->reap_adopted(); }, SIGCHLD);
+    uv_signal_start(&sigchld_, [](uv_signal_t* s, int) {
+      guarded("reaping adopted orphans", [s] { static_cast<Escapees*>(s->data)->reap_adopted(); });
+    }, SIGCHLD);
     reap_adopted();  // what arrived before this run (a restart's previous attempt)
   }
-  uv_timer_start(&sweep_timer_, [](uv_timer_t* t) { static_cast<Escapees*>(t->data)->sweep(); }, kSweepMs, kSweepMs);
+  uv_timer_start(&sweep_timer_, [](uv_timer_t* t) {
+    guarded("sweeping /proc for escaped processes", [t] { static_cast<Escapees*>(t->data)->sweep(); });
+  }, kSweepMs, kSweepMs);
 }
 
 // Pids of the processes libuv spawned on this loop (ranks, the guard): libuv reaps those.

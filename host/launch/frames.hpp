@@ -8,8 +8,11 @@
 //   offset 4  u16 kind   FrameKind below; a reader skips kinds it does not know, so new
 //                        kinds (heartbeat, metrics, checkpoint notices) need no version bump
 //   offset 6  u16 flags  reserved, 0
-//   offset 8  u64 length payload size; bounded only by memory, the stream is drained as
-//                        it arrives, so no payload has to fit a pipe buffer
+//   offset 8  u64 length payload size, at most the decoder's cap (kMaxFramePayload): a stray
+//                        write into the descriptor, or a corrupted stream, must fail that
+//                        channel rather than ask the host for 2^62 bytes. The stream is
+//                        drained as it arrives, so no payload has to fit a pipe buffer; results
+//                        past 64 KiB travel in a descriptor (result_fd), never in a frame
 //
 // All integers are little-endian. Structured payloads (errors) are a list of fields, each
 // `u32 name length, name, u64 value length, value`, so fields can be added freely too.
@@ -38,6 +41,10 @@ enum class FrameKind : std::uint16_t {
 
 constexpr std::uint32_t kFrameMagic = 0x31464841u;  // "AHF1"
 constexpr std::size_t kFrameHeaderSize = 16;
+// The largest payload a decoder accepts by default. An error frame (a traceback and a pickled
+// exception) is the largest a rank sends; 64 MiB leaves room for an exception that carries
+// data, and is still an allocation a host can always make.
+constexpr std::uint64_t kMaxFramePayload = 64ull << 20;
 
 struct Frame {
   std::uint16_t kind = 0;
@@ -59,13 +66,16 @@ inline std::string encode_frame(FrameKind kind, std::string_view payload) {
 // Incremental decoder: feed() whatever bytes arrived, then pop complete frames.
 class FrameDecoder {
  public:
-  // Throws FrameError on a bad magic: the stream is then unusable.
+  explicit FrameDecoder(std::uint64_t max_payload = kMaxFramePayload) : max_payload_(max_payload) {}
+  // feed() and next() throw FrameError on a bad magic or a length over the cap: the stream is
+  // then unusable.
   void feed(std::string_view bytes);
   std::optional<Frame> next();
   // Bytes of a frame still incomplete (non-zero at EOF means a truncated frame).
   std::size_t pending() const noexcept { return buffer_.size() - consumed_; }
 
  private:
+  std::uint64_t max_payload_;
   std::string buffer_;
   std::size_t consumed_ = 0;
 };

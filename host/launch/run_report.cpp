@@ -157,7 +157,8 @@ void conclude_run(RunReport& rep, const TeardownCause& cause, const std::vector<
       }
     } else {
       rep.exit_code = to_int(ExitCode::generic_failure);
-      rep.message = run + " failed";
+      rep.message = run + " failed" + (cause.host_error.empty() ? "" : ": " + cause.host_error) +
+                    (cause.host_error.empty() ? "" : "; every rank was stopped");
     }
   }
 }

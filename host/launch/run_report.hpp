@@ -21,6 +21,8 @@ struct TeardownCause {
   int interrupt_signal = 0;             // interrupted: the host's signal
   std::string node_lost_why;            // node_lost: which node, and what happened to it
   long timeout_seconds = 0;             // timed_out: the limit
+  std::string host_error;               // failed: what failed in the host itself (an exception in
+                                        // a loop callback, an embedding program's callback)
 };
 
 // Fills report.outcome, exit_code, root_cause and message from its ranks and `cause`.

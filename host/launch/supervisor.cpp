@@ -137,6 +137,67 @@ struct Supervisor::Impl {
 
   const LaunchSpec& spec() const { return *plan.spec; }
 
+  // ---- exceptions ------------------------------------------------------------------------
+
+  // Every libuv callback runs its body through here: an exception must never unwind through
+  // uv_run (it would skip the teardown, the report and run.json, and abort the host). It
+  // ends the run instead, as a failure that names where it came from.
+  template <typename F>
+  void guarded(const char* where, F&& body) noexcept {
+    try {
+      body();
+    } catch (const std::exception& e) {
+      host_failure(where, e.what());
+    } catch (...) {
+      host_failure(where, "an exception that is not a std::exception");
+    }
+  }
+
+  void host_failure(const char* where, const std::string& what) noexcept {
+    try {
+      const std::string text = std::string(where) + " threw: " + what;
+      if (cause.host_error.empty()) cause.host_error = text;
+      write_all(STDERR_FILENO, "airhost: " + text + "; stopping every rank\n");
+      if (teardown_why.empty() && phase != Phase::tearing_down) teardown_why = "failed: " + text;
+      begin_teardown(Outcome::failed, SIGTERM);
+    } catch (...) {
+      // Not even that worked (out of memory): the ranks must not outlive what watches them.
+      for (auto& r : ranks)
+        if (r->alive()) ::kill(-r->report.pid, SIGKILL);
+    }
+  }
+
+  // A user's callback (an embedding program's on_output or on_rank_event) that throws ends
+  // the run like any other failure, and is not called again.
+  template <typename F>
+  void user_callback(const char* name, bool& broken, F&& call) {
+    if (broken) return;
+    try {
+      call();
+    } catch (const std::exception& e) {
+      broken = true;
+      host_failure(name, e.what());
+    } catch (...) {
+      broken = true;
+      host_failure(name, "an exception that is not a std::exception");
+    }
+  }
+  bool on_output_broken = false, on_rank_event_broken = false;
+
+  // A rank whose control channel cannot be read any more (a corrupted or oversized frame)
+  // fails with that as its error, so that the report names the channel, and the run ends.
+  void fail_channel(Rank& r, const std::string& why) {
+    note(r, why + "; stopping the run");
+    if (!r.report.error) {
+      r.report.error = ErrorRecord{"ControlChannelError",
+                                   "rank " + std::to_string(r.report.rank) + "'s control channel: " + why, "", "",
+                                   now_seconds()};
+    }
+    if (teardown_why.empty() && phase != Phase::tearing_down)
+      teardown_why = "failed: rank " + std::to_string(r.report.rank) + "'s control channel: " + why;
+    begin_teardown(Outcome::failed, SIGTERM);
+  }
+
   // ---- output --------------------------------------------------------------------------
 
   // Forwarded lines wait here, one buffer per stream, and leave in one write per read from a
@@ -148,7 +209,7 @@ struct Supervisor::Impl {
 
   void on_line(Rank& r, Stream stream, std::string_view line) {
     const auto& cb = plan.callbacks->on_output;
-    if (cb) cb(r.report.rank, stream, line);
+    if (cb) user_callback("the on_output callback", on_output_broken, [&] { cb(r.report.rank, stream, line); });
     const auto& out = spec().output;
     if (!out.forward || (!out.ranks.empty() && !out.ranks.count(r.report.rank))) return;
     std::string& pending = stream == Stream::out ? pending_out : pending_err;
@@ -229,9 +290,9 @@ struct Supervisor::Impl {
     try {
       r.frames.feed(bytes);
       while (auto f = r.frames.next()) on_frame(r, std::move(*f));
-    } catch (const FrameError& e) {
-      note(r, std::string(e.what()) + "; ignoring the rest of it");
+    } catch (const std::exception& e) {  // FrameError, or what a bad frame made throw
       close_channel(c);
+      fail_channel(r, e.what());
     }
   }
 
@@ -314,7 +375,7 @@ struct Supervisor::Impl {
         },
         [](uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
           auto* ch = static_cast<Channel*>(s->data);
-          ch->rank->sup->on_read(*ch, n, buf);
+          ch->rank->sup->guarded("reading a rank's output", [&] { ch->rank->sup->on_read(*ch, n, buf); });
         });
   }
 
@@ -329,7 +390,7 @@ struct Supervisor::Impl {
     c.open = true;
     uv_poll_start(&c.poll, UV_READABLE | UV_DISCONNECT, [](uv_poll_t* p, int status, int) {
       auto* ch = static_cast<Channel*>(p->data);
-      ch->rank->sup->read_control(*ch, status);
+      ch->rank->sup->guarded("reading a rank's control channel", [&] { ch->rank->sup->read_control(*ch, status); });
     });
   }
 
@@ -357,7 +418,9 @@ struct Supervisor::Impl {
     open_channel(r, r.err, 2, err[0]);
     open_control(r, ctl[0]);
     try {
-      r.report.pid = starter->start(&loop, req, [this, &r](int64_t status, int sig) { on_exit(r, status, sig); });
+      r.report.pid = starter->start(&loop, req, [this, &r](int64_t status, int sig) {
+        guarded("handling a rank's exit", [&] { on_exit(r, status, sig); });
+      });
       guard.add(r.report.pid);
     } catch (...) {
       ::close(out[1]);
@@ -373,7 +436,9 @@ struct Supervisor::Impl {
     r.report.state = RankState::running;
     r.report.started_at = now_seconds();
     if (plan.callbacks->on_rank_event)
-      plan.callbacks->on_rank_event({RankEvent::Kind::started, r.report.rank, r.report.pid, 0, 0});
+      user_callback("the on_rank_event callback", on_rank_event_broken, [&] {
+        plan.callbacks->on_rank_event({RankEvent::Kind::started, r.report.rank, r.report.pid, 0, 0});
+      });
   }
 
   // A rank could not be started: it failed, and so does the run.
@@ -411,7 +476,9 @@ struct Supervisor::Impl {
     else r.report.state = RankState::failed;
 
     if (plan.callbacks->on_rank_event)
-      plan.callbacks->on_rank_event({RankEvent::Kind::exited, r.report.rank, r.report.pid, r.report.exit_code, sig});
+      user_callback("the on_rank_event callback", on_rank_event_broken, [&] {
+        plan.callbacks->on_rank_event({RankEvent::Kind::exited, r.report.rank, r.report.pid, r.report.exit_code, sig});
+      });
 
     if (!ok && !r.stopped_by_us) {
       if (phase != Phase::tearing_down) {
@@ -436,9 +503,11 @@ struct Supervisor::Impl {
     r.drain.data = &r;
     uv_timer_start(&r.drain, [](uv_timer_t* t) {
       auto* rk = static_cast<Rank*>(t->data);
-      rk->sup->close_channel(rk->out);
-      rk->sup->close_channel(rk->err);
-      rk->sup->close_channel(rk->ctl);
+      rk->sup->guarded("closing an exited rank's pipes", [&] {
+        rk->sup->close_channel(rk->out);
+        rk->sup->close_channel(rk->err);
+        rk->sup->close_channel(rk->ctl);
+      });
     }, kDrainMs, 0);
     maybe_closed(r);
   }
@@ -488,7 +557,10 @@ struct Supervisor::Impl {
     }
     signal_running(sig);
     const auto grace = static_cast<uint64_t>(std::max<int64_t>(0, spec().grace.count()));
-    uv_timer_start(&grace_timer, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->signal_running(SIGKILL); }, grace, 0);
+    uv_timer_start(&grace_timer, [](uv_timer_t* t) {
+      auto* self = static_cast<Impl*>(t->data);
+      self->guarded("the grace period's end", [&] { self->signal_running(SIGKILL); });
+    }, grace, 0);
   }
 
   // From other threads, through `async`: cancel() as an interrupt, abort() as a lost node.
@@ -566,7 +638,8 @@ struct Supervisor::Impl {
       uv_signal_init(&loop, &h);
       h.data = this;
       uv_signal_start(&h, [](uv_signal_t* s, int signum) {
-        static_cast<Impl*>(s->data)->begin_teardown(Outcome::interrupted, signum);
+        auto* self = static_cast<Impl*>(s->data);
+        self->guarded("handling a signal", [&] { self->begin_teardown(Outcome::interrupted, signum); });
       }, sig);
     }
   }
@@ -610,7 +683,10 @@ struct Supervisor::Impl {
     uv_timer_init(&loop, &timeout_timer);
     uv_timer_init(&loop, &grace_timer);
     timeout_timer.data = grace_timer.data = this;
-    uv_async_init(&loop, &async, [](uv_async_t* a) { static_cast<Impl*>(a->data)->on_async(); });
+    uv_async_init(&loop, &async, [](uv_async_t* a) {
+      auto* self = static_cast<Impl*>(a->data);
+      self->guarded("handling cancel() or abort()", [&] { self->on_async(); });
+    });
     async.data = this;
     {
       std::lock_guard lock(async_mutex);
@@ -638,7 +714,8 @@ struct Supervisor::Impl {
     if (phase == Phase::starting) phase = Phase::running;
     if (plan.time_limit.count() > 0) {
       uv_timer_start(&timeout_timer, [](uv_timer_t* t) {
-        static_cast<Impl*>(t->data)->begin_teardown(Outcome::timed_out, SIGTERM);
+        auto* self = static_cast<Impl*>(t->data);
+        self->guarded("the timeout", [&] { self->begin_teardown(Outcome::timed_out, SIGTERM); });
       }, static_cast<uint64_t>(plan.time_limit.count()), 0);
     }
     on_async();      // a cancel() or abort() that came before the loop could take it

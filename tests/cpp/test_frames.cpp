@@ -46,6 +46,22 @@ TEST_CASE("a stream that is not airhost frames is reported as corrupted") {
   CHECK_THROWS_AS(d.next(), FrameError);
 }
 
+TEST_CASE("a frame announcing more than the cap is refused from its header, before any allocation") {
+  FrameDecoder d;
+  d.feed(encode_frame_header(2, 1ull << 62));  // what a stray write could announce
+  try {
+    (void)d.next();
+    FAIL("a 2^62-byte frame was accepted");
+  } catch (const FrameError& e) {
+    CHECK(std::string(e.what()).find("over the cap of 67108864") != std::string::npos);
+  }
+  FrameDecoder small(10);
+  small.feed(encode_frame(FrameKind::result, "0123456789"));  // exactly the cap: fine
+  CHECK(small.next().has_value());
+  small.feed(encode_frame(FrameKind::result, "0123456789A"));
+  CHECK_THROWS_AS(small.next(), FrameError);
+}
+
 TEST_CASE("the header says little-endian magic, kind, flags and length") {
   std::string h = encode_frame_header(3, 0x0102030405ull);
   REQUIRE(h.size() == kFrameHeaderSize);

@@ -268,3 +268,63 @@ TEST_CASE("a rank that lost its peer is not the root cause when another rank cra
   CHECK(report.root_cause == 1);
   CHECK(report.exit_code == 128 + SIGSEGV);
 }
+
+TEST_CASE("a rank that writes a frame announcing 2^62 bytes into its control descriptor fails, named, and the run ends by the contract") {
+  // The stray write of issue 22: it used to throw std::bad_alloc through uv_run and abort the
+  // host with no report. Rank 1 sleeps: it must be stopped by the teardown.
+  TempDir dir;
+  auto script = dir.write("stray.py",
+                          "import os, struct, time\n"
+                          "if os.environ['RANK'] == '0':\n"
+                          "    os.write(int(os.environ['AIRHOST_CONTROL_FD']), struct.pack('<IHHQ', 0x31464841, 2, 0, 1 << 62))\n"
+                          "time.sleep(60)\n");
+  auto spec = spec_for(dir, script, 2);
+  spec.timeout = std::chrono::seconds(50);
+  Launcher launcher(spec, Callbacks{});
+  const auto t0 = std::chrono::steady_clock::now();
+  RunReport report = launcher.run();
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20));
+  CHECK(report.outcome == Outcome::failed);
+  CHECK(report.exit_code == 1);
+  CHECK(report.root_cause == 0);
+  REQUIRE(report.ranks[0].error.has_value());
+  CHECK(report.ranks[0].error->type == "ControlChannelError");
+  CHECK(report.ranks[0].error->message.find("rank 0's control channel") != std::string::npos);
+  CHECK(report.ranks[0].error->message.find("over the cap") != std::string::npos);
+  CHECK(report.message.find("ControlChannelError") != std::string::npos);
+  CHECK(report.ranks[1].state == RankState::stopped);
+  std::ifstream json(report.run_dir + "/run.json");
+  std::string text((std::istreambuf_iterator<char>(json)), std::istreambuf_iterator<char>());
+  CHECK(text.find("\"outcome\": \"failed\"") != std::string::npos);
+}
+
+TEST_CASE("an embedding program's callback that throws ends the run by the contract, and is not called again") {
+  TempDir dir;
+  auto script = dir.write("chatty.py", "import time\nfor i in range(600):\n    print('line', i, flush=True)\n    time.sleep(0.1)\n");
+  SUBCASE("on_output") {
+    std::atomic<int> calls{0};
+    Callbacks cb;
+    cb.on_output = [&](int, Stream, std::string_view) {
+      ++calls;
+      throw std::runtime_error("the embedding program's bug");
+    };
+    Launcher launcher(spec_for(dir, script, 2), cb);
+    RunReport report = launcher.run();  // must return, not throw
+    CHECK(report.outcome == Outcome::failed);
+    CHECK(report.exit_code == 1);
+    CHECK(report.message.find("the on_output callback threw: the embedding program's bug") != std::string::npos);
+    CHECK(calls.load() == 1);
+    for (const auto& r : report.ranks) CHECK(r.state == RankState::stopped);
+    CHECK(access((report.run_dir + "/run.json").c_str(), R_OK) == 0);
+  }
+  SUBCASE("on_rank_event") {
+    Callbacks cb;
+    cb.on_rank_event = [](const RankEvent& e) {
+      if (e.kind == RankEvent::Kind::started) throw 42;  // not even a std::exception
+    };
+    Launcher launcher(spec_for(dir, script, 2), cb);
+    RunReport report = launcher.run();
+    CHECK(report.outcome == Outcome::failed);
+    CHECK(report.message.find("the on_rank_event callback threw") != std::string::npos);
+  }
+}
