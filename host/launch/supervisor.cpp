@@ -88,6 +88,11 @@ struct Supervisor::Impl {
     Impl* sup = nullptr;
     Life life = Life::waiting;
     bool stopped_by_us = false;  // reached `stopping` before it exited
+    // Its exit as reaped, kept until the outcome is decided (settle): the error frame comes on
+    // the control channel and the exit on another descriptor, in no set order.
+    int64_t exit_status = 0;
+    int exit_signal = 0;
+    bool settled = false;
     RankReport report;
     std::string prefix;  // "[rank N] "
     Channel out, err, ctl;
@@ -291,8 +296,8 @@ struct Supervisor::Impl {
       r.frames.feed(bytes);
       while (auto f = r.frames.next()) on_frame(r, std::move(*f));
     } catch (const std::exception& e) {  // FrameError, or what a bad frame made throw
+      fail_channel(r, e.what());  // first: an exited rank settles as the channel closes
       close_channel(c);
-      fail_channel(r, e.what());
     }
   }
 
@@ -341,6 +346,7 @@ struct Supervisor::Impl {
     c.open = false;
     Rank& r = *c.rank;
     if (c.which == 3) {
+      settle(r);  // the last of its frames is in (or never will be)
       uv_poll_stop(&c.poll);
       uv_close(as_handle(&c.poll), [](uv_handle_t* h) {
         auto* ch = static_cast<Channel*>(h->data);
@@ -456,10 +462,13 @@ struct Supervisor::Impl {
     begin_teardown(Outcome::failed, SIGTERM);
   }
 
-  // running/stopping → exited: the rank was reaped.
+  // running/stopping → exited: the rank was reaped. Its outcome waits for the end of its
+  // control channel (settle), bounded by the drain timer.
   void on_exit(Rank& r, int64_t status, int sig) {
     r.stopped_by_us = r.life == Life::stopping;
     r.life = Life::exited;
+    r.exit_status = status;
+    r.exit_signal = sig;
     r.report.ended_at = now_seconds();
     r.report.exit_code = sig ? -1 : static_cast<int>(status);
     r.report.term_signal = sig;
@@ -467,6 +476,35 @@ struct Supervisor::Impl {
     ::kill(-r.report.pid, SIGKILL);
     guard.remove(r.report.pid);
 
+    // The last rank is gone: so goes whatever of the run still runs outside the ranks'
+    // groups (a server started in a new session, a daemon), before the pipes it may hold
+    // keep the run waiting.
+    bool any_alive = false;
+    for (auto& other : ranks) any_alive |= other->alive();
+    if (!any_alive) escapees.kill_all();
+
+    uv_timer_init(&loop, &r.drain);
+    r.drain.data = &r;
+    uv_timer_start(&r.drain, [](uv_timer_t* t) {
+      auto* rk = static_cast<Rank*>(t->data);
+      rk->sup->guarded("closing an exited rank's pipes", [&] {
+        rk->sup->close_channel(rk->out);
+        rk->sup->close_channel(rk->err);
+        rk->sup->close_channel(rk->ctl);
+      });
+    }, kDrainMs, 0);
+    if (!r.ctl.open) settle(r);
+    maybe_closed(r);
+  }
+
+  // exited, with every frame of its control channel read (EOF, or the drain timer gave up
+  // on it): its outcome, from all the evidence whatever order it came in. A rank that raised
+  // is then named with its exception even when its exit was seen first.
+  void settle(Rank& r) {
+    if (r.settled || r.life != Life::exited) return;
+    r.settled = true;
+    const int64_t status = r.exit_status;
+    const int sig = r.exit_signal;
     const bool ok = sig == 0 && status == 0;
     // A rank that raised before the teardown began is a failure even if our signal is what
     // finally ended it (slow atexit handlers): it may well be the root cause.
@@ -492,24 +530,6 @@ struct Supervisor::Impl {
       }
       begin_teardown(Outcome::failed, SIGTERM);
     }
-    // The last rank is gone: so goes whatever of the run still runs outside the ranks'
-    // groups (a server started in a new session, a daemon), before the pipes it may hold
-    // keep the run waiting.
-    bool any_alive = false;
-    for (auto& other : ranks) any_alive |= other->alive();
-    if (!any_alive) escapees.kill_all();
-
-    uv_timer_init(&loop, &r.drain);
-    r.drain.data = &r;
-    uv_timer_start(&r.drain, [](uv_timer_t* t) {
-      auto* rk = static_cast<Rank*>(t->data);
-      rk->sup->guarded("closing an exited rank's pipes", [&] {
-        rk->sup->close_channel(rk->out);
-        rk->sup->close_channel(rk->err);
-        rk->sup->close_channel(rk->ctl);
-      });
-    }, kDrainMs, 0);
-    maybe_closed(r);
   }
 
   // exited → closed, once its three pipes are closed.

@@ -328,3 +328,40 @@ TEST_CASE("an embedding program's callback that throws ends the run by the contr
     CHECK(report.message.find("the on_rank_event callback threw") != std::string::npos);
   }
 }
+
+TEST_CASE("a rank whose exit is seen before its error frame is still named with its exception") {
+  // The exit and the error frame come on different descriptors, in no set order. Here the order
+  // is forced: rank 0 hands its control descriptor to a process of another session (so that
+  // its group's SIGKILL at exit spares it), exits 1, and that process writes the error frame
+  // 0.5 s later, then closes it. Rank 1 sleeps.
+  TempDir dir;
+  auto script = dir.write("late.py",
+                          "import os, struct, time\n"
+                          "def field(name, value):\n"
+                          "    n, v = name.encode(), value.encode()\n"
+                          "    return struct.pack('<I', len(n)) + n + struct.pack('<Q', len(v)) + v\n"
+                          "if os.environ['RANK'] == '0':\n"
+                          "    fd = int(os.environ['AIRHOST_CONTROL_FD'])\n"
+                          "    payload = field('message', 'late but first') + field('time', repr(time.time())) + "
+                          "field('traceback', 'Traceback: ...') + field('type', 'ValueError')\n"
+                          "    ready_r, ready_w = os.pipe()\n"
+                          "    if os.fork() == 0:\n"
+                          "        os.setsid()\n"
+                          "        os.write(ready_w, b'x')\n"
+                          "        time.sleep(0.5)\n"
+                          "        os.write(fd, struct.pack('<IHHQ', 0x31464841, 3, 0, len(payload)) + payload)\n"
+                          "        os._exit(0)\n"
+                          "    os.read(ready_r, 1)  # out of the group before the host kills it\n"
+                          "    os._exit(1)\n"
+                          "time.sleep(60)\n");
+  auto spec = spec_for(dir, script, 2);
+  Launcher launcher(spec, Callbacks{});
+  RunReport report = launcher.run();
+  CHECK(report.outcome == Outcome::failed);
+  CHECK(report.root_cause == 0);
+  CHECK(report.exit_code == 1);
+  REQUIRE(report.ranks[0].error.has_value());
+  CHECK(report.ranks[0].error->type == "ValueError");
+  CHECK(report.message.find("rank 0 exited with code 1 (ValueError: late but first)") != std::string::npos);
+  CHECK(report.ranks[1].state == RankState::stopped);
+}
