@@ -187,8 +187,11 @@ int run_main(int argc, char** argv) {
   try {
     report = launcher.run();
   } catch (const LaunchError& e) {
+    // Refused by what this node gives (a run directory, a port, open files), not by the
+    // command line: the sentence says what to do, and --help would not.
     tracking.finish(Outcome::failed);
-    return usage_error(e.what());
+    std::fprintf(stderr, "airhost: %s\n", e.what());
+    return to_int(ExitCode::usage);
   }
   tracking.finish(report.outcome);
 

@@ -2,12 +2,14 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <mutex>
 #include <system_error>
 
@@ -92,6 +94,38 @@ std::string python_version_of(const std::string& python) {
                       out);
   while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
   return out;
+}
+
+// Descriptors a launch holds per rank: its stdout, stderr and control channel, and while it
+// starts the child's three ends (a warm start also keeps a copy of its stderr).
+constexpr long kFdsPerRank = 7;
+// What the host opens besides (libuv's loop, the guard, logs being written, the node link,
+// the warm server's socket), with room for the caller's own (a notebook's kernel).
+constexpr long kFdsReserve = 64;
+
+// Raises this process's soft limit on open files when `nprocs` ranks need more than it allows
+// (within the hard limit, as torchrun's users do by hand); throws LaunchError, before anything
+// starts, when even the hard limit is too low. Counting what is already open covers a caller
+// that holds many descriptors itself.
+void ensure_descriptors_for(int nprocs) {
+  long open_now = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec); !ec && it != std::filesystem::directory_iterator();
+       it.increment(ec))
+    ++open_now;
+  const long needed = open_now + kFdsReserve + kFdsPerRank * nprocs;
+  rlimit lim{};
+  if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY ||
+      static_cast<long>(lim.rlim_cur) >= needed)
+    return;
+  if (lim.rlim_max == RLIM_INFINITY || static_cast<long>(lim.rlim_max) >= needed) {
+    lim.rlim_cur = static_cast<rlim_t>(needed);
+    if (::setrlimit(RLIMIT_NOFILE, &lim) == 0) return;
+  }
+  throw LaunchError(std::to_string(nprocs) + " rank(s) need about " + std::to_string(needed) +
+                    " open files, but this process may open " + std::to_string(lim.rlim_cur) + " (ulimit -n; hard limit " +
+                    (lim.rlim_max == RLIM_INFINITY ? std::string("unlimited") : std::to_string(lim.rlim_max)) +
+                    "): raise it (ulimit -n " + std::to_string(std::max<long>(4096, needed)) + ") or start fewer ranks");
 }
 
 void validate(const LaunchSpec& spec, const std::string& rank_binary) {
@@ -265,6 +299,7 @@ RunReport Launcher::run() {
   const std::string rank_binary = find_rank_binary(spec);
   if (spec.python.empty()) spec.python = default_python();
   validate(spec, rank_binary);
+  ensure_descriptors_for(spec.nprocs);
 
   if (spec.run_id.empty()) spec.run_id = detail::make_run_id();
   if (spec.run_dir.empty()) spec.run_dir = default_runs_root() + "/" + spec.run_id;

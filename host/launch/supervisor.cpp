@@ -16,6 +16,7 @@
 #include <system_error>
 
 #include "airhost/exit_code.hpp"
+#include "base/unique_fd.hpp"
 #include "base/util.hpp"
 #include "launch/escapees.hpp"
 #include "launch/frames.hpp"
@@ -366,14 +367,21 @@ struct Supervisor::Impl {
     });
   }
 
-  void open_channel(Rank& r, Channel& c, int which, int fd) {
+  // Takes `fd` over: from here the pipe handle owns it, and closing the channel closes it.
+  // Throws (fd closed, no handle left open) when libuv cannot watch it.
+  void open_channel(Rank& r, Channel& c, int which, UniqueFd fd) {
     c.rank = &r;
     c.which = which;
-    uv_pipe_init(&loop, &c.pipe, 0);
+    if (int rc = uv_pipe_init(&loop, &c.pipe, 0); rc < 0)
+      throw std::system_error(-rc, std::generic_category(), "cannot watch a rank's output (uv_pipe_init)");
     c.pipe.data = &c;
-    uv_pipe_open(&c.pipe, fd);
+    if (int rc = uv_pipe_open(&c.pipe, fd.get()); rc < 0) {
+      uv_close(as_handle(&c.pipe), nullptr);  // fd is still ours: UniqueFd closes it
+      throw std::system_error(-rc, std::generic_category(), "cannot watch a rank's output (uv_pipe_open)");
+    }
+    fd.release();
     c.open = true;
-    uv_read_start(
+    const int rc = uv_read_start(
         reinterpret_cast<uv_stream_t*>(&c.pipe),
         [](uv_handle_t* h, size_t, uv_buf_t* buf) {
           auto* sup = static_cast<Channel*>(h->data)->rank->sup;
@@ -383,61 +391,77 @@ struct Supervisor::Impl {
           auto* ch = static_cast<Channel*>(s->data);
           ch->rank->sup->guarded("reading a rank's output", [&] { ch->rank->sup->on_read(*ch, n, buf); });
         });
+    if (rc < 0) {
+      close_channel(c);
+      throw std::system_error(-rc, std::generic_category(), "cannot read a rank's output (uv_read_start)");
+    }
   }
 
-  void open_control(Rank& r, int fd) {
+  // Takes `fd` over, like open_channel; the channel closes it after its poll handle is closed.
+  void open_control(Rank& r, UniqueFd fd) {
     Channel& c = r.ctl;
     c.rank = &r;
     c.which = 3;
-    c.fd = fd;
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-    uv_poll_init(&loop, &c.poll, fd);
+    ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) | O_NONBLOCK);
+    if (int rc = uv_poll_init(&loop, &c.poll, fd.get()); rc < 0)
+      throw std::system_error(-rc, std::generic_category(), "cannot watch a rank's control channel (uv_poll_init)");
+    c.fd = fd.release();
     c.poll.data = &c;
     c.open = true;
-    uv_poll_start(&c.poll, UV_READABLE | UV_DISCONNECT, [](uv_poll_t* p, int status, int) {
+    const int rc = uv_poll_start(&c.poll, UV_READABLE | UV_DISCONNECT, [](uv_poll_t* p, int status, int) {
       auto* ch = static_cast<Channel*>(p->data);
       ch->rank->sup->guarded("reading a rank's control channel", [&] { ch->rank->sup->read_control(*ch, status); });
     });
+    if (rc < 0) {
+      close_channel(c);
+      throw std::system_error(-rc, std::generic_category(), "cannot watch a rank's control channel (uv_poll_start)");
+    }
   }
 
   // ---- processes -----------------------------------------------------------------------
 
+  // Two pipes and a socket pair, owned until each end has its next owner: a failure half way
+  // (EMFILE at the socket pair, say) closes what was already made.
+  static void make_pipe(UniqueFd& read_end, UniqueFd& write_end, const char* what) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) < 0)
+      throw std::system_error(errno, std::generic_category(), std::string("cannot create a rank's ") + what + " pipe");
+    read_end.reset(fds[0]);
+    write_end.reset(fds[1]);
+  }
+
   void start_rank(Rank& r) {
-    int out[2], err[2], ctl[2];
-    if (::pipe2(out, O_CLOEXEC) < 0 || ::pipe2(err, O_CLOEXEC) < 0 ||
-        ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl) < 0)
-      throw std::system_error(errno, std::generic_category(), "cannot create the pipes of a rank");
+    UniqueFd out_r, out_w, err_r, err_w, ctl_host, ctl_rank;
+    make_pipe(out_r, out_w, "stdout");
+    make_pipe(err_r, err_w, "stderr");
+    int ctl[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl) < 0)
+      throw std::system_error(errno, std::generic_category(), "cannot create a rank's control channel");
+    ctl_host.reset(ctl[0]);
+    ctl_rank.reset(ctl[1]);
     // 1 MiB pipes (Linux's default limit for one pipe, best effort): a rank printing flat out
     // fills 16 times more before it waits, and the host reads it in fewer, larger reads.
-    for (int fd : {out[0], err[0]}) ::fcntl(fd, F_SETPIPE_SZ, 1 << 20);
+    for (int fd : {out_r.get(), err_r.get()}) ::fcntl(fd, F_SETPIPE_SZ, 1 << 20);
 
     RankStartRequest req;
     req.local_rank = r.report.local_rank;
     req.argv = plan.rank_argv;
     req.env = build_rank_env(spec(), r.report.local_rank, plan.context, plan.base_env);
     req.cwd = spec().working_dir;
-    req.stdout_fd = out[1];
-    req.stderr_fd = err[1];
-    req.control_fd = ctl[1];
+    req.stdout_fd = out_w.get();
+    req.stderr_fd = err_w.get();
+    req.control_fd = ctl_rank.get();
 
-    open_channel(r, r.out, 1, out[0]);
-    open_channel(r, r.err, 2, err[0]);
-    open_control(r, ctl[0]);
-    try {
-      r.report.pid = starter->start(&loop, req, [this, &r](int64_t status, int sig) {
-        guarded("handling a rank's exit", [&] { on_exit(r, status, sig); });
-      });
-      guard.add(r.report.pid);
-    } catch (...) {
-      ::close(out[1]);
-      ::close(err[1]);
-      ::close(ctl[1]);
-      throw;
-    }
-    // Our copies of the child ends must go, or the pipes would never reach EOF.
-    ::close(out[1]);
-    ::close(err[1]);
-    ::close(ctl[1]);
+    // From here the channels own the host's ends: on a failure, on_start_failed closes them.
+    open_channel(r, r.out, 1, std::move(out_r));
+    open_channel(r, r.err, 2, std::move(err_r));
+    open_control(r, std::move(ctl_host));
+    r.report.pid = starter->start(&loop, req, [this, &r](int64_t status, int sig) {
+      guarded("handling a rank's exit", [&] { on_exit(r, status, sig); });
+    });
+    guard.add(r.report.pid);
+    // Our copies of the child's ends go as this returns (UniqueFd), or the pipes would never
+    // reach EOF; on a throw above they go too.
     r.life = Life::running;
     r.report.state = RankState::running;
     r.report.started_at = now_seconds();

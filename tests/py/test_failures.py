@@ -2,6 +2,7 @@
 the host killed outright. Each run must exit with the right code, say what happened, keep
 every rank's log complete and leave no process behind."""
 import re
+import subprocess
 import signal
 import time
 
@@ -261,3 +262,42 @@ def test_the_root_cause_is_the_earliest_exception_even_when_that_rank_exits_last
     assert run.rank(0)["error"]["time"] < run.rank(1)["error"]["time"]
     assert run.run_json["root_cause"] == 0, run.describe()
     assert "failed: rank 0 raised an exception (the teardown ended it while it shut down) (ValueError: first failure, on rank 0)" in run.err
+
+
+def _limited(soft: int, hard: int):
+    """preexec_fn: the child's limit on open files, as `ulimit -Sn soft -Hn hard` would set it."""
+    import resource
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return limit
+
+
+def test_ulimit_n_too_low_for_the_ranks_is_one_line_before_anything_starts(airhost, tmp_path):
+    # 16 ranks under `ulimit -n 32`: the launch would run out of descriptors half way through
+    # starting them. It is refused up front, saying how many are needed, and starts nothing.
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    runs = tmp_path / "runs-ulimit"
+    r = subprocess.run([airhost.binary, str(script), "-n", "16"], env=airhost.env(runs), capture_output=True,
+                       text=True, timeout=60, preexec_fn=_limited(32, 32))
+    assert r.returncode == 2, r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, r.stderr
+    assert re.search(r"16 rank\(s\) need about \d+ open files, but this process may open 32 "
+                     r"\(ulimit -n; hard limit 32\): raise it \(ulimit -n \d+\)", lines[0]), lines[0]
+    assert not list(runs.glob("*/logs/rank-*")), "no rank was started"
+
+
+def test_a_soft_ulimit_below_the_need_is_raised_within_the_hard_limit(airhost, tmp_path):
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # a sandbox may not let it be raised
+    script = tmp_path / "fds.py"
+    script.write_text("import os, resource\nprint('soft', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n")
+    r = subprocess.run([airhost.binary, str(script), "-n", "16", "--ranks", "0"], env=airhost.env(tmp_path / "runs-soft"),
+                       capture_output=True, text=True, timeout=180, preexec_fn=_limited(40, hard))
+    assert r.returncode == 0, r.stderr
+    soft = int(re.search(r"\[rank 0\] soft (\d+)", r.stdout).group(1))
+    assert 40 < soft <= hard
