@@ -62,3 +62,23 @@ def test_with_fake_nvml_submit_returns_at_once_even_when_the_run_must_wait_for_a
     queued = out["queued"][0]
     assert queued["cvd"] in ("0", "1")  # it did run, once a GPU was free
     assert out["submit_seconds"] < 1.0, f"submit() blocked {out['submit_seconds']:.1f} s waiting for a GPU"
+
+
+@pytest.mark.timeout(90)
+def test_with_fake_nvml_a_submitted_run_waiting_for_gpus_is_cancelled_at_once_and_never_starts(api_tmp):
+    env = base_env(api_tmp, fake_gpus=TWO_FAKE_H100)
+    out = run_scenario(api_tmp, "submit.py", "cancel_while_waiting", api_tmp, env=env).ok().result
+    assert out["pending_while_waiting"] == [True, True], out
+    assert out["cancel_returned"] is True
+    assert out["c"] == "CancelledError" and out["d"] == "CancelledError", out
+    assert out["cancel_seconds"] < 2.0, out
+    assert out["held"] == ["a", "b"]
+    assert out["started"] == ["a", "b"], "a cancelled run started once a GPU was free"
+
+
+@pytest.mark.timeout(90)
+def test_stop_on_a_running_future_tears_the_run_down_and_ends_it_with_cancelled_error(api_tmp):
+    out = run_scenario(api_tmp, "submit.py", "stop_running", api_tmp).ok().result
+    assert out["ended"] == "CancelledError", out
+    assert "SIGTERM" in out["message"], out
+    assert out["seconds"] < 20, out

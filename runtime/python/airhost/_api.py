@@ -329,16 +329,24 @@ class _Launch:
         self.run_dir = None
         self.payload_path = None
 
-    def start(self) -> None:
+    def start(self, cancelled: Optional[threading.Event] = None, may_start: Callable[[], bool] = lambda: True) -> None:
         """Takes the GPUs (waiting for other runs to free them if need be), creates the run
-        directory and the MLflow run, and starts the ranks."""
+        directory and the MLflow run, and starts the ranks. A submitted run's future: its
+        `cancelled` event ends the wait for GPUs, and `may_start()` (the future turning from
+        pending to running) is asked once they are held, so that a cancel that came meanwhile
+        starts no rank; either way concurrent.futures.CancelledError."""
         if self._candidates:
             self.lease = _leases.acquire(
                 self._candidates,
                 self.nprocs,
                 self.opts.wait_for_accelerators,
                 lambda m: print(m, file=self._err(), flush=True),
+                cancelled,
             )
+        if not may_start():
+            if self.lease:
+                self.lease.release()
+            raise concurrent.futures.CancelledError("cancelled before any rank was started")
         try:
             opts, fn = self.opts, self.fn
             run_id = _native.make_run_id()
@@ -548,11 +556,26 @@ def _results_or_raise(report: dict, opts: _Options) -> List[Any]:
 
 
 class RunFuture(concurrent.futures.Future):
-    """The Future of a run started with `.submit()`; `stop()` tears the run down."""
+    """The Future of a run started with `.submit()`. It is pending while the run waits for
+    GPUs that other runs hold, running once its ranks start. `cancel()` ends a pending one at
+    once (no rank started); `stop()` does that too, or tears a running one down, which then
+    ends with concurrent.futures.CancelledError."""
 
     _launch: Optional[_Launch] = None
 
+    def __init__(self):
+        super().__init__()
+        self._cancelled = threading.Event()  # wakes a wait for GPUs
+
+    def cancel(self) -> bool:
+        if super().cancel():
+            self._cancelled.set()
+            return True
+        return False
+
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.cancel():
+            return
         if self._launch is not None:
             self._launch.cancel(sig)
 
@@ -581,16 +604,21 @@ class DistributedFunction:
         future = RunFuture()
         launch = _Launch(self.fn, self.options, args, kwargs)  # bad input raises here, in the caller
         future._launch = launch
-        future.set_running_or_notify_cancel()
 
         def run():
             try:
-                launch.start()  # may wait for GPUs that other runs hold
+                # Pending while it waits for GPUs that other runs hold; running from here.
+                launch.start(future._cancelled, future.set_running_or_notify_cancel)
                 if launch.cancelled:
                     launch.run.cancel(launch.cancelled)
                 while not launch.pump(0.2):
                     pass
                 future.set_result(launch._conclude())
+            except concurrent.futures.CancelledError:
+                pass  # cancelled while pending: the future says so already
+            except KeyboardInterrupt as e:
+                # stop() on a running future: the run was torn down as asked.
+                future.set_exception(concurrent.futures.CancelledError(str(e)) if launch.cancelled else e)
             except BaseException as e:  # the Future carries it to whoever waits
                 future.set_exception(e)
 

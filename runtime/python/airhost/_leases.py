@@ -9,6 +9,8 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import concurrent.futures
+import threading
 import time
 from typing import Callable, List, Optional
 
@@ -65,12 +67,16 @@ def acquire(
     count: int,
     wait: Optional[float],
     on_wait: Callable[[str], None] = lambda msg: None,
+    cancelled: Optional[threading.Event] = None,
 ) -> GpuLease:
     """Leases `count` of `candidates` ([(index, uuid)]). `wait`: seconds to wait for GPUs held
-    by other runs (None = as long as it takes, 0 = fail at once)."""
+    by other runs (None = as long as it takes, 0 = fail at once). `cancelled`, once set, ends
+    the wait at once with concurrent.futures.CancelledError (a submitted run's cancel())."""
     deadline = None if wait is None else time.monotonic() + wait
     told = False
     while True:
+        if cancelled is not None and cancelled.is_set():
+            raise concurrent.futures.CancelledError("cancelled while waiting for GPUs; no rank was started")
         lease = _try_take(candidates, count)
         if lease:
             return lease
@@ -83,4 +89,7 @@ def acquire(
         if not told:
             on_wait(f"airhost: waiting for {count} free GPU(s); other runs on this node hold them")
             told = True
-        time.sleep(0.5)
+        if cancelled is not None:
+            cancelled.wait(0.5)
+        else:
+            time.sleep(0.5)

@@ -94,5 +94,53 @@ def scenario_queued_submit(tmp):
     _helpers.report(out)
 
 
+def scenario_cancel_while_waiting(tmp):
+    """With the FAKE NVML of two GPUs held by two runs: a third submitted run waits for a GPU;
+    cancel() and stop() end it at once with CancelledError, and no rank of it ever starts."""
+    marks = marks_dir(tmp)
+    one_gpu = distributed(num_accelerators=1, tracking=False)(hold)
+    a = one_gpu.submit("a", 6, marks)
+    b = one_gpu.submit("b", 6, marks)
+    wait_marks(marks, ["a", "b"])
+    c = one_gpu.submit("c", 0, marks)
+    d = one_gpu.submit("d", 0, marks)
+    time.sleep(1.0)  # both wait for a GPU now
+    out = {"pending_while_waiting": [not c.running() and not c.done(), not d.running() and not d.done()]}
+    t0 = time.monotonic()
+    out["cancel_returned"] = c.cancel()
+    d.stop()
+    for name, f in (("c", c), ("d", d)):
+        try:
+            f.result(timeout=5)
+            out[name] = "result"
+        except concurrent.futures.CancelledError:
+            out[name] = "CancelledError"
+        except BaseException as e:
+            out[name] = type(e).__name__
+    out["cancel_seconds"] = time.monotonic() - t0
+    out["held"] = [a.result(timeout=60)[0]["tag"], b.result(timeout=60)[0]["tag"]]
+    time.sleep(1.0)  # a GPU is free now: a cancelled run must not take it and start
+    out["started"] = sorted(os.listdir(marks))
+    _helpers.report(out)
+
+
+def scenario_stop_running(tmp):
+    """stop() on a running future tears the run down and ends the future with CancelledError."""
+    marks = marks_dir(tmp)
+    f = distributed(num_accelerators=2, tracking=False)(hold).submit("r", 60, marks)
+    wait_marks(marks, ["r"])
+    t0 = time.monotonic()
+    f.stop()
+    try:
+        f.result(timeout=30)
+        out = {"ended": "result"}
+    except concurrent.futures.CancelledError as e:
+        out = {"ended": "CancelledError", "message": str(e)}
+    except BaseException as e:
+        out = {"ended": type(e).__name__, "message": str(e)}
+    out["seconds"] = time.monotonic() - t0
+    _helpers.report(out)
+
+
 if __name__ == "__main__":
     globals()["scenario_" + sys.argv[1]](*sys.argv[2:])
