@@ -1,0 +1,168 @@
+// console_writer.cpp — queue, cap and writer thread (console_writer.hpp).
+#include "launch/console_writer.hpp"
+
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+
+namespace airhost::detail {
+
+namespace {
+
+// How much one write may carry once poll() said POLLOUT, so that it never blocks: a pipe then
+// has PIPE_BUF free; a terminal says POLLOUT while fewer than 256 bytes wait in its buffer
+// (n_tty's WAKEUP_CHARS); a socket is written with MSG_DONTWAIT whatever the size; a regular
+// file does not wait on a reader.
+std::size_t safe_write_size(int fd) {
+  struct stat st{};
+  if (::fstat(fd, &st) != 0) return 4096;
+  if (S_ISFIFO(st.st_mode)) return PIPE_BUF;
+  if (S_ISCHR(st.st_mode)) return 256;
+  return 64 * 1024;
+}
+
+bool is_socket(int fd) {
+  struct stat st{};
+  return ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+std::string human(std::uint64_t bytes) {
+  char buf[64];
+  if (bytes >= (1u << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1u << 20));
+  else if (bytes >= 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(bytes) / 1024);
+  else std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(bytes));
+  return buf;
+}
+
+}  // namespace
+
+ConsoleWriter::ConsoleWriter(int fd, std::size_t cap, std::string where)
+    : fd_(fd), cap_(cap), where_(std::move(where)), max_write_(safe_write_size(fd)), socket_(is_socket(fd)) {
+  // The writer must never take a signal meant for the loop (SIGINT, SIGTERM, SIGCHLD...).
+  sigset_t all, old;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old);
+  thread_ = std::thread([this] { run(); });
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+}
+
+ConsoleWriter::~ConsoleWriter() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();  // it waits in poll() with a short timeout, never in a write that blocks
+}
+
+void ConsoleWriter::write(std::string_view bytes) {
+  if (bytes.empty()) return;
+  {
+    std::lock_guard lock(mutex_);
+    if (broken_) return;
+    if (queued_ + bytes.size() > cap_) {
+      skipped_now_ += bytes.size();
+      skipped_total_ += bytes.size();
+      return;
+    }
+    if (skipped_now_) {
+      // The reader caught up (there is room again): say what it missed, on a line of its own.
+      std::string note = std::string(last_was_newline_ ? "" : "\n") + "airhost: " + human(skipped_now_) +
+                         " of output skipped here: the reader did not keep up (every byte is in " + where_ + ")\n";
+      queued_ += note.size();
+      queue_.push_back(std::move(note));
+      skipped_now_ = 0;
+      last_was_newline_ = true;
+    }
+    queued_ += bytes.size();
+    queue_.emplace_back(bytes);
+    last_was_newline_ = bytes.back() == '\n';
+  }
+  wake_.notify_one();
+}
+
+std::uint64_t ConsoleWriter::skipped_bytes() const {
+  std::lock_guard lock(mutex_);
+  return skipped_total_;
+}
+
+bool ConsoleWriter::drain(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  std::size_t last = queued_;
+  for (;;) {
+    if (queued_ == 0 && !writing_) {
+      if (skipped_now_ == 0) return true;
+      // Output was skipped at the very end: the note still goes out.
+      std::string note = std::string(last_was_newline_ ? "" : "\n") + "airhost: " + human(skipped_now_) +
+                         " of output skipped here: the reader did not keep up (every byte is in " + where_ + ")\n";
+      skipped_now_ = 0;
+      queued_ += note.size();
+      queue_.push_back(std::move(note));
+      wake_.notify_one();
+    }
+    if (!drained_.wait_for(lock, timeout, [&] { return queued_ < last || (queued_ == 0 && !writing_); })) return false;
+    last = queued_;
+  }
+}
+
+bool ConsoleWriter::wait_writable(int timeout_ms) const {
+  pollfd p{fd_, POLLOUT, 0};
+  const int n = ::poll(&p, 1, timeout_ms);
+  return n > 0 && (p.revents & (POLLOUT | POLLERR | POLLHUP));
+}
+
+void ConsoleWriter::run() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, and nothing left
+    // Write without the lock, at most what fits, only once the descriptor can take it: a
+    // blocked write here would keep the destructor waiting on a reader that may never come.
+    const std::string& front = queue_.front();
+    const std::size_t n = std::min(max_write_, front.size() - front_offset_);
+    std::string chunk = front.substr(front_offset_, n);
+    writing_ = true;
+    const bool stop = stopping_;
+    lock.unlock();
+    // poll() and write() without the lock; SIGPIPE is blocked in this thread, so a reader
+    // that went away is EPIPE here, not the host's death.
+    ssize_t wrote = 0;
+    int err = 0;
+    const bool ready = wait_writable(stop ? 0 : 100);
+    if (ready) {
+      wrote = socket_ ? ::send(fd_, chunk.data(), chunk.size(), MSG_DONTWAIT | MSG_NOSIGNAL)
+                      : ::write(fd_, chunk.data(), chunk.size());
+      if (wrote < 0) err = errno;
+    }
+    lock.lock();
+    writing_ = false;
+    const bool retry = !ready || (wrote < 0 && (err == EAGAIN || err == EINTR));
+    if (retry && !stopping_) continue;
+    if (retry || wrote < 0) {
+      // Stopping with a reader that takes nothing, or a reader gone for good (EPIPE, EIO):
+      // what is left cannot be shown; drop it, and what comes later too.
+      broken_ = wrote < 0;
+      queue_.clear();
+      queued_ = 0;
+      front_offset_ = 0;
+      drained_.notify_all();
+      if (stopping_) return;
+      continue;
+    }
+    front_offset_ += static_cast<std::size_t>(wrote);
+    queued_ -= static_cast<std::size_t>(wrote);
+    if (front_offset_ == queue_.front().size()) {
+      queue_.pop_front();
+      front_offset_ = 0;
+    }
+    drained_.notify_all();
+  }
+}
+
+}  // namespace airhost::detail

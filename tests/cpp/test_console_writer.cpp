@@ -1,0 +1,116 @@
+// The host's console output (host/launch/console_writer.hpp) over real pipes: a reader that
+// stops reading never blocks the writer, the cap bounds what waits, and what was skipped is
+// said once the reader is back.
+#include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "launch/console_writer.hpp"
+
+using airhost::detail::ConsoleWriter;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Pipe {
+  int r = -1, w = -1;
+  Pipe() {
+    int fds[2];
+    REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+    r = fds[0];
+    w = fds[1];
+  }
+  ~Pipe() {
+    if (r >= 0) ::close(r);
+    if (w >= 0) ::close(w);
+  }
+  std::string read_available() const {
+    std::string out;
+    char buf[65536];
+    ::fcntl(r, F_SETFL, O_NONBLOCK);
+    for (ssize_t n; (n = ::read(r, buf, sizeof buf)) > 0;) out.append(buf, static_cast<std::size_t>(n));
+    return out;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("bytes queued for a reader that reads arrive whole and in order") {
+  Pipe p;
+  ConsoleWriter w(p.w, 1 << 20, "the logs");
+  std::string all;
+  for (int i = 0; i < 1000; ++i) {
+    std::string line = "line " + std::to_string(i) + "\n";
+    all += line;
+    w.write(line);
+  }
+  std::string got;
+  std::thread reader([&] {
+    char buf[4096];
+    while (got.size() < all.size()) {
+      ssize_t n = ::read(p.r, buf, sizeof buf);
+      if (n <= 0) break;
+      got.append(buf, static_cast<std::size_t>(n));
+    }
+  });
+  CHECK(w.drain(5s));
+  reader.join();
+  CHECK(got == all);
+  CHECK(w.skipped_bytes() == 0);
+}
+
+TEST_CASE("a reader that stops reading never blocks write(), the cap bounds the queue, and the skip is said") {
+  Pipe p;
+  ConsoleWriter w(p.w, 256 * 1024, "the logs in /runs/x/logs");
+  const std::string line(1023, 'x');
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 4096; ++i) w.write(line + "\n");  // 4 MiB into a 64 KiB pipe nobody reads
+  CHECK(std::chrono::steady_clock::now() - t0 < 1s);
+  CHECK(w.skipped_bytes() > 3u * 1024 * 1024);  // the pipe and the 256 KiB queue hold the rest
+  CHECK_FALSE(w.drain(300ms));                  // nobody reads: it gives up instead of waiting
+  // The reader comes back: what was queued arrives, then one line says what it missed.
+  std::string got;
+  std::thread reader([&] {
+    char buf[65536];
+    for (;;) {
+      ssize_t n = ::read(p.r, buf, sizeof buf);
+      if (n <= 0) break;
+      got.append(buf, static_cast<std::size_t>(n));
+      if (got.find("skipped here") != std::string::npos && got.back() == '\n') break;
+    }
+  });
+  w.write("after\n");
+  CHECK(w.drain(5s));
+  reader.join();
+  CHECK(got.find("airhost: ") != std::string::npos);
+  CHECK(got.find(" MiB of output skipped here: the reader did not keep up (every byte is in the logs in /runs/x/logs)\n") !=
+        std::string::npos);
+  const auto note = got.find("airhost: ");
+  CHECK(got[note - 1] == '\n');  // on a line of its own
+}
+
+TEST_CASE("a reader gone for good (EPIPE) neither kills the host nor blocks it") {
+  Pipe p;
+  ::close(p.r);
+  p.r = -1;
+  ConsoleWriter w(p.w, 1 << 20, "the logs");
+  w.write("nobody will read this\n");
+  CHECK(w.drain(2s));  // dropped, not waited for; SIGPIPE did not kill this process
+  w.write("nor this\n");
+  CHECK(w.drain(2s));
+}
+
+TEST_CASE("destroying a writer whose reader is stalled returns at once") {
+  Pipe p;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    ConsoleWriter w(p.w, 4 << 20, "the logs");
+    for (int i = 0; i < 1024; ++i) w.write(std::string(1023, 'y') + "\n");
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 2s);
+}
