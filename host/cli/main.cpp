@@ -206,6 +206,12 @@ int run_main(int argc, char** argv) {
   } else {
     std::fputs(failure_summary(report).c_str(), stderr);
   }
+  if (report.unshown_bytes) {
+    // Said last, once the reader is back: the run did not wait for it (console_writer.hpp).
+    std::fprintf(stderr, "airhost: %.1f MiB of the ranks' output was not shown: the reader of this output did not "
+                 "keep up (every byte is in the logs: %s/logs)\n", static_cast<double>(report.unshown_bytes) / (1 << 20),
+                 report.run_dir.c_str());
+  }
   return report.exit_code;
 }
 

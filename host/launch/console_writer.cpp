@@ -52,13 +52,19 @@ ConsoleWriter::ConsoleWriter(int fd, std::size_t cap, std::string where)
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
-ConsoleWriter::~ConsoleWriter() {
+ConsoleWriter::~ConsoleWriter() { close(); }
+
+std::uint64_t ConsoleWriter::close() {
   {
     std::lock_guard lock(mutex_);
+    if (!thread_.joinable()) return skipped_total_ + dropped_;
     stopping_ = true;
   }
   wake_.notify_all();
   thread_.join();  // it waits in poll() with a short timeout, never in a write that blocks
+  std::lock_guard lock(mutex_);
+  broken_ = true;
+  return skipped_total_ + dropped_;
 }
 
 void ConsoleWriter::write(std::string_view bytes) {
@@ -66,7 +72,9 @@ void ConsoleWriter::write(std::string_view bytes) {
   {
     std::lock_guard lock(mutex_);
     if (broken_) return;
-    if (queued_ + bytes.size() > cap_) {
+    // Over the cap, unless the queue is empty: one line longer than the cap (a 10 MB line
+    // printed whole) still goes out when the reader keeps up.
+    if (queued_ > 0 && queued_ + bytes.size() > cap_) {
       skipped_now_ += bytes.size();
       skipped_total_ += bytes.size();
       return;
@@ -148,6 +156,7 @@ void ConsoleWriter::run() {
       // Stopping with a reader that takes nothing, or a reader gone for good (EPIPE, EIO):
       // what is left cannot be shown; drop it, and what comes later too.
       broken_ = wrote < 0;
+      dropped_ += queued_;
       queue_.clear();
       queued_ = 0;
       front_offset_ = 0;

@@ -30,13 +30,17 @@ class ConsoleWriter {
   ConsoleWriter(const ConsoleWriter&) = delete;
   ConsoleWriter& operator=(const ConsoleWriter&) = delete;
 
-  // Queues `bytes`; never blocks. Over the cap they are skipped (and counted).
+  // Queues `bytes`; never blocks. Over the cap they are skipped (and counted); a chunk larger
+  // than the cap is taken when the queue is empty.
   void write(std::string_view bytes);
   // Waits until every queued byte is written, or `timeout` passed with the reader taking
   // nothing. True when all was written.
   bool drain(std::chrono::milliseconds timeout);
 
   std::uint64_t skipped_bytes() const;  // so far, in all
+  // Stops the writer: what the reader cannot take at once is dropped. Returns every byte it
+  // never wrote (skipped, or dropped now). write() queues nothing after it.
+  std::uint64_t close();
 
   static constexpr std::size_t kDefaultCap = 8u << 20;
 
@@ -56,6 +60,7 @@ class ConsoleWriter {
   std::size_t front_offset_ = 0;    // bytes of queue_.front() already written
   std::uint64_t skipped_now_ = 0;   // skipped since the last note
   std::uint64_t skipped_total_ = 0;
+  std::uint64_t dropped_ = 0;       // queued, then given up on (the reader never came back)
   bool last_was_newline_ = true;    // of what was queued: a note starts a line of its own
   bool stopping_ = false;
   bool broken_ = false;             // the reader is gone for good: nothing more is queued

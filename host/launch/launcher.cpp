@@ -387,6 +387,7 @@ RunReport Launcher::run() {
   // One Supervisor per attempt: a failed attempt is over (every rank reaped, every pipe
   // drained) before the next one starts, with the same run directory, port and logs.
   std::vector<std::string> failed_attempts;
+  std::uint64_t unshown_bytes = 0;
   RunReport report;
   bool warm = !spec.warm_socket.empty();
   std::string start_mode;
@@ -423,6 +424,7 @@ RunReport Launcher::run() {
       if (!impl_->pending_abort.empty()) supervisor.abort(impl_->pending_abort);
     }
     report = supervisor.run();
+    unshown_bytes += report.unshown_bytes;
     {
       std::lock_guard lock(impl_->mutex);
       impl_->supervisor = nullptr;
@@ -458,6 +460,7 @@ RunReport Launcher::run() {
   if (link) settle_with_other_nodes(*link, spec, report, started);
   link.reset();  // what it still has to say is sent; then the connections close
   report.restarts = attempt;
+  report.unshown_bytes = unshown_bytes;  // of every attempt
   report.warm = warm;
   report.start_mode = start_mode;
   report.failed_attempts = std::move(failed_attempts);

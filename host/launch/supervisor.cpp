@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include "airhost/exit_code.hpp"
 #include "base/unique_fd.hpp"
 #include "base/util.hpp"
+#include "launch/console_writer.hpp"
 #include "launch/escapees.hpp"
 #include "launch/frames.hpp"
 #include "launch/group_guard.hpp"
@@ -39,6 +41,12 @@ constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
 template <typename H>
 uv_handle_t* as_handle(H* h) { return reinterpret_cast<uv_handle_t*>(h); }
+
+// Both descriptors lead to the same terminal, pipe or file.
+bool same_destination(int a, int b) {
+  struct stat sa{}, sb{};
+  return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
 
 }  // namespace
 
@@ -163,7 +171,7 @@ struct Supervisor::Impl {
     try {
       const std::string text = std::string(where) + " threw: " + what;
       if (cause.host_error.empty()) cause.host_error = text;
-      write_all(STDERR_FILENO, "airhost: " + text + "; stopping every rank\n");
+      to_stderr("airhost: " + text + "; stopping every rank\n");
       if (teardown_why.empty() && phase != Phase::tearing_down) teardown_why = "failed: " + text;
       begin_teardown(Outcome::failed, SIGTERM);
     } catch (...) {
@@ -212,6 +220,16 @@ struct Supervisor::Impl {
   // this one thread writes whole lines only.
   std::string pending_out, pending_err;
   static constexpr std::size_t kFlushAt = 1u << 20;
+  // The host's stdout and stderr, written by threads of their own: a reader that stalls
+  // (a paused terminal, a pipe nobody reads) must never stop this loop (console_writer.hpp).
+  std::unique_ptr<ConsoleWriter> stdout_writer, stderr_writer;
+  static constexpr auto kFinalDrain = std::chrono::seconds(2);
+  std::uint64_t unshown_bytes = 0;  // for the report: what the reader never got
+
+  void to_stderr(std::string_view bytes) {
+    if (stderr_writer) stderr_writer->write(bytes);
+    else write_all(STDERR_FILENO, bytes);
+  }
 
   void on_line(Rank& r, Stream stream, std::string_view line) {
     const auto& cb = plan.callbacks->on_output;
@@ -227,8 +245,10 @@ struct Supervisor::Impl {
 
   void flush_output() {
     // stderr first: a rank's error is usually what the user looks for.
-    if (!pending_err.empty()) write_all(STDERR_FILENO, pending_err), pending_err.clear();
-    if (!pending_out.empty()) write_all(STDOUT_FILENO, pending_out), pending_out.clear();
+    ConsoleWriter* out_writer = stdout_writer ? stdout_writer.get() : stderr_writer.get();
+    if (!stderr_writer) return;  // nothing is forwarded (the Python API reads the lines itself)
+    if (!pending_err.empty()) stderr_writer->write(pending_err), pending_err.clear();
+    if (!pending_out.empty()) out_writer->write(pending_out), pending_out.clear();
   }
 
   // airhost's own word about a rank, in its stderr log and output.
@@ -664,6 +684,7 @@ struct Supervisor::Impl {
     rep.run_dir = plan.context.run_dir;
     rep.wall_seconds = now_seconds() - start_time;
     rep.interrupt_signal = cause.interrupt_signal;
+    rep.unshown_bytes = unshown_bytes;
     std::vector<bool> signalled;
     for (auto& r : ranks) {
       rep.ranks.push_back(r->report);
@@ -737,6 +758,14 @@ struct Supervisor::Impl {
       async_ready = true;
     }
     if (spec().handle_signals) watch_signals();
+    if (spec().output.forward) {
+      const std::string logs = "the logs in " + plan.context.run_dir + "/logs";
+      stderr_writer = std::make_unique<ConsoleWriter>(STDERR_FILENO, ConsoleWriter::kDefaultCap, logs);
+      // One terminal (or file) behind both: one writer, so that its order is the loop's and
+      // no line of one stream is cut by the other's.
+      if (!same_destination(STDOUT_FILENO, STDERR_FILENO))
+        stdout_writer = std::make_unique<ConsoleWriter>(STDOUT_FILENO, ConsoleWriter::kDefaultCap, logs);
+    }
     escapees.start(&loop, &guard, plan.context.run_id, spec().reap_orphans, [this] {
       std::set<int> pids;
       for (auto& r : ranks)
@@ -766,6 +795,13 @@ struct Supervisor::Impl {
     maybe_finish();  // nothing started at all (every spawn failed)
 
     uv_run(&loop, UV_RUN_DEFAULT);
+    // What the reader has not taken yet gets a moment more (the run's last lines); a reader
+    // that takes nothing at all does not keep the run, nor the summary, waiting.
+    for (auto* w : {stdout_writer.get(), stderr_writer.get()}) {
+      if (!w) continue;
+      w->drain(kFinalDrain);
+      unshown_bytes += w->close();
+    }
     escapees.reap_after_run();
     uv_loop_close(&loop);
     return report();
