@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -111,9 +112,14 @@ class Console {
   void show(int rank, Stream stream, std::string_view prefix, const ConsoleEvent& event);
   // The bytes to write, in order, each run on one stream; consecutive writes to one stream
   // are merged.
-  const std::vector<std::pair<Stream, std::string>>& pending() const noexcept { return pending_; }
+  std::span<const std::pair<Stream, std::string>> pending() const noexcept { return {pending_.data(), used_}; }
   std::size_t pending_bytes() const noexcept { return pending_bytes_; }
-  void clear_pending() { pending_.clear(), pending_bytes_ = 0; }
+  // Empties the runs but keeps their buffers: a flood of output then costs one copy per byte,
+  // not a reallocation per flush.
+  void clear_pending() {
+    for (std::size_t i = 0; i < used_; ++i) pending_[i].second.clear();
+    used_ = 0, pending_bytes_ = 0;
+  }
 
  private:
   struct OpenLine {
@@ -126,7 +132,8 @@ class Console {
 
   bool shared_screen_;
   OpenLine screens_[2];
-  std::vector<std::pair<Stream, std::string>> pending_;
+  std::vector<std::pair<Stream, std::string>> pending_;  // the first used_ are in use
+  std::size_t used_ = 0;
   std::size_t pending_bytes_ = 0;
 };
 

@@ -327,6 +327,10 @@ TEST_CASE("without prefixes a redraw is a bare carriage return, and lines still 
   c.clear_pending();
   CHECK(c.pending().empty());
   CHECK(c.pending_bytes() == 0);
+  c.show(0, Stream::err, "", text("e"));  // the runs' buffers are reused: nothing old comes back
+  c.show(0, Stream::out, "", text("o"));
+  CHECK(written(c) == "err:eout:o");  // two screens: the open err line stays open
+  CHECK(c.pending_bytes() == 2);
 }
 
 TEST_CASE("a host note gets a line of its own on the console and stays where it fell in the log") {
