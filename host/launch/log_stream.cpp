@@ -117,7 +117,7 @@ void LiveSplitter::feed(std::string_view bytes, std::uint64_t now_ms, const Emit
 }
 
 void LiveSplitter::tick(std::uint64_t now_ms, const Emit& emit) {
-  if (!held_.empty() && now_ms >= held_since_ + quiet_ms_) show_held(emit);
+  if (now_ms >= deadline()) show_held(emit);
 }
 
 void LiveSplitter::break_line(const Emit& emit) {

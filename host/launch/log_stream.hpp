@@ -9,6 +9,7 @@
 // without processes or clocks.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -59,6 +60,9 @@ struct ConsoleEvent {
 //   - the start of a line with neither (print(..., end=""), a prompt, dots) is held, in case
 //     its end follows, for `quiet_ms` after its first held byte, then shown; once part of a
 //     line is shown, what follows of it is shown at once;
+//   - but a start of kInTransitBytes or more is a long line in transit, not a prompt: its
+//     writer is blocked on the full pipe, or cut off the CPU between two writes, and may take
+//     longer than quiet_ms to send the rest on a busy machine; it is held kInTransitMs;
 //   - a line longer than max_held is shown without waiting, so that one rank cannot make the
 //     host buffer without bound.
 // Holding is what keeps lines whole: the bytes of a line usually arrive within micro-
@@ -69,13 +73,18 @@ class LiveSplitter {
  public:
   using Emit = std::function<void(const ConsoleEvent&)>;
   static constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
+  static constexpr std::size_t kInTransitBytes = 4096;
+  static constexpr std::uint64_t kInTransitMs = 2000;
 
   LiveSplitter(std::size_t max_held, std::uint64_t quiet_ms) : max_held_(max_held ? max_held : 1), quiet_ms_(quiet_ms) {}
   void feed(std::string_view bytes, std::uint64_t now_ms, const Emit& emit);
   // Shows a held line start whose quiet spell is over.
   void tick(std::uint64_t now_ms, const Emit& emit);
   // When tick() will have something to show; kNever when nothing is held.
-  std::uint64_t deadline() const noexcept { return held_.empty() ? kNever : held_since_ + quiet_ms_; }
+  std::uint64_t deadline() const noexcept {
+    if (held_.empty()) return kNever;
+    return held_since_ + (held_.size() >= kInTransitBytes ? std::max(quiet_ms_, kInTransitMs) : quiet_ms_);
+  }
   // Shows what is held and ends the line: something else (a host note) needs a line of its own.
   void break_line(const Emit& emit);
   // At EOF: shows what is held and ends an unfinished line.

@@ -161,6 +161,21 @@ TEST_CASE("a partial line is shown when its quiet spell is over, and the rest of
   CHECK(s.deadline() == 2001 + kQuiet);  // a new line is held again
 }
 
+TEST_CASE("a long line in transit is held longer than a prompt before it is shown") {
+  LiveSplitter s(1 << 20, kQuiet);
+  Shown out;
+  const std::string first_pipe_full(64 * 1024, 'x');  // its writer waits for the pipe to drain
+  s.feed(first_pipe_full, 1000, out.emit());
+  CHECK(s.deadline() == 1000 + LiveSplitter::kInTransitMs);
+  s.tick(1000 + kQuiet, out.emit());
+  CHECK(out.take().empty());
+  s.feed("rest\n", 1000 + 900, out.emit());  // a busy machine gave the writer the CPU late
+  CHECK(out.take() == first_pipe_full + "rest<E>");  // whole all the same
+  s.feed(std::string(LiveSplitter::kInTransitBytes, 'y'), 5000, out.emit());
+  s.tick(5000 + LiveSplitter::kInTransitMs, out.emit());
+  CHECK(out.take() == std::string(LiveSplitter::kInTransitBytes, 'y'));  // but not forever
+}
+
 TEST_CASE("a carriage-return redraw goes out at once, and its line with it") {
   LiveSplitter s(1 << 20, kQuiet);
   Shown out;
