@@ -53,5 +53,16 @@ def scenario_bar():
     _helpers.report({"results": results, "out": out.writes, "err": err.writes})
 
 
+def told_size():
+    import os
+
+    return [os.environ.get(k) for k in ("COLUMNS", "LINES", "TQDM_NCOLS")] + [sys.stdout.isatty()]
+
+
+def scenario_size():
+    """Run with a terminal as stdout: what the ranks are told of it."""
+    _helpers.report(distributed(num_accelerators=2, tracking=False)(told_size).distributed())
+
+
 if __name__ == "__main__":
     globals()["scenario_" + sys.argv[1]](*sys.argv[2:])
