@@ -169,6 +169,13 @@ void Console::show(int rank, Stream stream, std::string_view prefix, const Conso
   }
 }
 
+void Console::end_open_lines() {
+  for (OpenLine& line : screens_) {
+    if (line.open) write(line.stream, "\n");
+    line.open = false;
+  }
+}
+
 RankStream::RankStream(std::string log_path, std::size_t max_line, std::uint64_t quiet_ms, OnLine on_line, OnShow on_show)
     : log_path_(std::move(log_path)),
       lines_(max_line),

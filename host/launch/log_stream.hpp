@@ -119,6 +119,9 @@ class Console {
   // open on either is ended before the other writes; otherwise each keeps its own open line.
   explicit Console(bool shared_screen) : shared_screen_(shared_screen) {}
   void show(int rank, Stream stream, std::string_view prefix, const ConsoleEvent& event);
+  // Ends the lines left open (a prompt, a bar), so that what the host writes next past the
+  // console (a note of its own) starts a line; their rest is named again.
+  void end_open_lines();
   // The bytes to write, in order, each run on one stream; consecutive writes to one stream
   // are merged.
   std::span<const std::pair<Stream, std::string>> pending() const noexcept { return {pending_.data(), used_}; }

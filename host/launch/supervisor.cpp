@@ -163,6 +163,7 @@ struct Supervisor::Impl {
     try {
       const std::string text = std::string(where) + " threw: " + what;
       if (cause.host_error.empty()) cause.host_error = text;
+      if (console) console->end_open_lines(), flush_output();  // the note gets a line of its own
       write_all(STDERR_FILENO, "airhost: " + text + "; stopping every rank\n");
       if (teardown_why.empty() && phase != Phase::tearing_down) teardown_why = "failed: " + text;
       begin_teardown(Outcome::failed, SIGTERM);

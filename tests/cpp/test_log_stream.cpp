@@ -313,6 +313,18 @@ TEST_CASE("two ranks' bars take turns on lines of their own, each line named by 
   CHECK(written(c) == "err:[rank 0]  10%\r[rank 0]  20%\n[rank 1]  10%\n[rank 0]  30%");
 }
 
+TEST_CASE("a host note written past the console finds every open line ended") {
+  using airhost::Stream;
+  Console c(false);
+  c.show(0, Stream::out, "[rank 0] ", text("Password: "));
+  c.show(1, Stream::err, "[rank 1] ", kRedraw);
+  c.show(1, Stream::err, "[rank 1] ", text("50%"));
+  c.end_open_lines();
+  c.show(1, Stream::err, "[rank 1] ", kRedraw);
+  c.show(1, Stream::err, "[rank 1] ", text("60%"));
+  CHECK(written(c) == "out:[rank 0] Password: err:[rank 1] 50%out:\nerr:\n[rank 1] 60%");
+}
+
 TEST_CASE("stdout and stderr on one screen share its open line; on two, each keeps its own") {
   using airhost::Stream;
   auto play = [](Console& c) {
