@@ -64,6 +64,8 @@ LaunchSpec spec_from_dict(const py::dict& d) {
   spec.warm_socket = get<std::string>(d, "warm_socket", "");
   spec.output.forward = get<bool>(d, "forward", false);
   spec.output.prefix = get<bool>(d, "prefix", true);
+  spec.output.terminal_columns = get<int>(d, "terminal_columns", 0);
+  spec.output.terminal_lines = get<int>(d, "terminal_lines", 0);
   spec.handle_signals = false;  // the caller's signals stay the caller's: Ctrl-C → cancel()
   spec.keep_result_descriptors = true;  // mapped by ResultMapping below, never copied here
   return spec;
@@ -143,10 +145,10 @@ py::dict report_to_dict(const RunReport& r) {
   return d;
 }
 
-struct Line {
-  int rank;
+// Bytes for the caller's stdout (1) or stderr (2), ready to write (Callbacks::on_console).
+struct Piece {
   int stream;
-  std::string text;
+  std::string bytes;
 };
 
 // One launch on its own thread. The thread that spawns the ranks must live until they
@@ -156,17 +158,20 @@ class Run {
   explicit Run(const py::dict& spec_dict) {
     LaunchSpec spec = spec_from_dict(spec_dict);
     Callbacks cb;
-    cb.on_output = [this](int rank, Stream s, std::string_view line) {
+    // What the console shows, as it comes (progress bars and partial lines included): the
+    // caller writes it to sys.stdout and sys.stderr as it is.
+    cb.on_console = [this](Stream s, std::string_view bytes) {
       std::lock_guard lock(mutex_);
-      lines_.push_back({rank, static_cast<int>(s), std::string(line)});
+      pieces_.push_back({static_cast<int>(s), std::string(bytes)});
       cv_.notify_all();
     };
-    // A restart reaches the caller's stderr among the rank lines, as rank -1 (no prefix).
+    // A restart reaches the caller's stderr among the rank output, as a line of its own (every
+    // rank's stream ended with the failed attempt, so no rank line is open).
     cb.on_restart = [this](const RestartEvent& e) {
       std::lock_guard lock(mutex_);
-      lines_.push_back({-1, static_cast<int>(Stream::err),
-                        "airhost: " + e.reason + "; restarting every rank (restart " + std::to_string(e.restart) +
-                            " of " + std::to_string(e.max_restarts) + ")"});
+      pieces_.push_back({static_cast<int>(Stream::err),
+                         "airhost: " + e.reason + "; restarting every rank (restart " + std::to_string(e.restart) +
+                             " of " + std::to_string(e.max_restarts) + ")\n"});
       cv_.notify_all();
     };
     launcher_ = std::make_unique<Launcher>(std::move(spec), std::move(cb));
@@ -194,19 +199,19 @@ class Run {
     }
   }
 
-  // Waits up to `timeout` seconds for output or the end; returns (done, [(rank, stream, bytes)]).
+  // Waits up to `timeout` seconds for output or the end; returns (done, [(stream, bytes)]).
   py::tuple poll(double timeout) {
-    std::deque<Line> batch;
+    std::deque<Piece> batch;
     bool done;
     {
       py::gil_scoped_release release;
       std::unique_lock lock(mutex_);
-      cv_.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return done_ || !lines_.empty(); });
-      batch.swap(lines_);
+      cv_.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return done_ || !pieces_.empty(); });
+      batch.swap(pieces_);
       done = done_;
     }
     py::list out;
-    for (auto& l : batch) out.append(py::make_tuple(l.rank, l.stream, py::bytes(l.text)));
+    for (auto& p : batch) out.append(py::make_tuple(p.stream, py::bytes(p.bytes)));
     if (done && thread_.joinable()) {
       py::gil_scoped_release release;
       thread_.join();
@@ -234,7 +239,7 @@ class Run {
   std::thread thread_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<Line> lines_;
+  std::deque<Piece> pieces_;
   bool done_ = false;
   RunReport report_;
   py::object report_dict_ = py::none();

@@ -2,6 +2,8 @@
 
 #include <poll.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -41,6 +43,18 @@ bool write_all(int fd, std::string_view data) {
     return false;
   }
   return true;
+}
+
+bool same_file(int fd_a, int fd_b) {
+  struct stat a {}, b {};
+  if (::fstat(fd_a, &a) != 0 || ::fstat(fd_b, &b) != 0) return false;
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+std::pair<int, int> terminal_size(int fd) {
+  winsize ws{};
+  if (::ioctl(fd, TIOCGWINSZ, &ws) != 0 || ws.ws_col == 0) return {0, 0};
+  return {ws.ws_col, ws.ws_row};
 }
 
 std::vector<std::string> current_environment() {

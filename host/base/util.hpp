@@ -3,6 +3,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace airhost::detail {
@@ -12,6 +13,10 @@ std::string signal_name(int sig);         // 11 → "SIGSEGV"
 // Writes everything, retrying on EINTR and waiting out EAGAIN on a non-blocking fd.
 // Returns false when the fd is gone (EPIPE and friends): output is then dropped, never fatal.
 bool write_all(int fd, std::string_view data);
+// Whether two descriptors lead to one file (one terminal, say): false when either is closed.
+bool same_file(int fd_a, int fd_b);
+// The size of the terminal behind `fd` ({columns, lines}); {0, 0} when it is not a terminal.
+std::pair<int, int> terminal_size(int fd);
 std::vector<std::string> current_environment();
 std::string getenv_or(const char* name, const std::string& fallback);
 std::string current_directory();

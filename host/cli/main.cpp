@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "airhost/airhost.hpp"
@@ -71,6 +73,13 @@ LaunchSpec make_spec(const HostOptions& opts, ClusterResolution& cluster) {
   if (s.join_timeout) spec.join_timeout = *s.join_timeout;
   if (s.prefix) spec.output.prefix = *s.prefix;
   if (s.ranks) spec.output.ranks = *s.ranks;
+  // The terminal the ranks' output is shown on (stderr first: tqdm's default), else the
+  // width the caller's COLUMNS gives: the ranks get it, less the prefix (rank_env.hpp).
+  std::tie(spec.output.terminal_columns, spec.output.terminal_lines) = terminal_size(STDERR_FILENO);
+  if (!spec.output.terminal_columns)
+    std::tie(spec.output.terminal_columns, spec.output.terminal_lines) = terminal_size(STDOUT_FILENO);
+  if (!spec.output.terminal_columns)
+    spec.output.terminal_columns = std::atoi(getenv_or("COLUMNS", "0").c_str());
   spec.env = s.env;
   // A running warm server of this user forks the ranks when it matches (AIRHOST_WARM=0 or
   // --cold: never); the launcher falls back to a cold start otherwise.

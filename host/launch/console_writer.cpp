@@ -43,7 +43,8 @@ std::string human(std::uint64_t bytes) {
 }  // namespace
 
 ConsoleWriter::ConsoleWriter(int fd, std::size_t cap, std::string where)
-    : fd_(fd), cap_(cap), where_(std::move(where)), max_write_(safe_write_size(fd)), socket_(is_socket(fd)) {
+    : fd_(fd), cap_(cap), where_(std::move(where)), max_write_(safe_write_size(fd)), socket_(is_socket(fd)),
+      last_progress_(std::chrono::steady_clock::now()) {
   // The writer must never take a signal meant for the loop (SIGINT, SIGTERM, SIGCHLD...).
   sigset_t all, old;
   sigfillset(&all);
@@ -72,9 +73,13 @@ void ConsoleWriter::write(std::string_view bytes) {
   {
     std::lock_guard lock(mutex_);
     if (broken_) return;
-    // Over the cap, unless the queue is empty: one line longer than the cap (a 10 MB line
-    // printed whole) still goes out when the reader keeps up.
-    if (queued_ > 0 && queued_ + bytes.size() > cap_) {
+    // Over the cap, the reader is behind: its output is skipped when it has taken nothing for
+    // a while (stalled), or the queue passed four times the cap (too slow to ever catch up).
+    // A reader that keeps taking, if in bursts behind a fast rank, loses nothing; one line
+    // longer than the cap goes out whole when the queue is empty.
+    const auto now = std::chrono::steady_clock::now();
+    const bool stalled = now - last_progress_ > kStalledAfter;
+    if (queued_ > 0 && queued_ + bytes.size() > cap_ && (stalled || queued_ + bytes.size() > 4 * cap_)) {
       skipped_now_ += bytes.size();
       skipped_total_ += bytes.size();
       return;
@@ -88,6 +93,7 @@ void ConsoleWriter::write(std::string_view bytes) {
       skipped_now_ = 0;
       last_was_newline_ = true;
     }
+    if (queued_ == 0) last_progress_ = now;  // the reader had nothing to take until now
     queued_ += bytes.size();
     queue_.emplace_back(bytes);
     last_was_newline_ = bytes.back() == '\n';
@@ -164,6 +170,7 @@ void ConsoleWriter::run() {
       if (stopping_) return;
       continue;
     }
+    last_progress_ = std::chrono::steady_clock::now();
     front_offset_ += static_cast<std::size_t>(wrote);
     queued_ -= static_cast<std::size_t>(wrote);
     if (front_offset_ == queue_.front().size()) {

@@ -43,6 +43,8 @@ class ConsoleWriter {
   std::uint64_t close();
 
   static constexpr std::size_t kDefaultCap = 8u << 20;
+  // A reader that took nothing for this long, with the queue past its cap, is stalled.
+  static constexpr auto kStalledAfter = std::chrono::milliseconds(500);
 
  private:
   void run();
@@ -63,7 +65,8 @@ class ConsoleWriter {
   std::uint64_t dropped_ = 0;       // queued, then given up on (the reader never came back)
   bool last_was_newline_ = true;    // of what was queued: a note starts a line of its own
   bool stopping_ = false;
-  bool broken_ = false;             // the reader is gone for good: nothing more is queued
+  bool broken_ = false;
+  std::chrono::steady_clock::time_point last_progress_;  // the reader last took bytes (or had none to take)             // the reader is gone for good: nothing more is queued
   bool writing_ = false;            // the thread holds bytes it is writing
   std::thread thread_;
 };

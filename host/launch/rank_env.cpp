@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "launch/log_stream.hpp"
+
 namespace airhost::detail {
 
 std::vector<std::string> build_rank_env(const LaunchSpec& spec, int local_rank, const RunContext& ctx,
@@ -41,6 +43,20 @@ std::vector<std::string> build_rank_env(const LaunchSpec& spec, int local_rank, 
   env["AIRHOST_RUN_DIR"] = ctx.run_dir;
   env["AIRHOST_HOST_PID"] = std::to_string(ctx.host_pid);
   env["AIRHOST_CONTROL_FD"] = std::to_string(ctx.control_fd);
+  // A rank's stdout and stderr are pipes, so nothing in it can ask the terminal its width:
+  // tell it the caller's, less the prefix its lines get there, so that a bar drawn to the
+  // width (tqdm, Lightning's, the HF Trainer's) fits one line of it. shutil.get_terminal_size
+  // reads COLUMNS and LINES; tqdm asks only the descriptor, then its TQDM_NCOLS default, one
+  // less than the width as it does on a terminal (so the cursor never wraps).
+  if (spec.output.terminal_columns > 0) {
+    const int prefix = spec.output.prefix ? static_cast<int>(rank_prefix(world - 1).size()) : 0;
+    const int columns = spec.output.terminal_columns - prefix;
+    if (columns >= 20) {
+      env["COLUMNS"] = std::to_string(columns);
+      if (spec.output.terminal_lines > 0) env["LINES"] = std::to_string(spec.output.terminal_lines);
+      env.try_emplace("TQDM_NCOLS", std::to_string(columns - 1));
+    }
+  }
   if (!spec.devices.empty()) {
     std::string list;
     for (int d : spec.devices) list += (list.empty() ? "" : ",") + std::to_string(d);

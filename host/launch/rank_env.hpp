@@ -50,6 +50,10 @@ struct RunContext {
 //        AIRHOST_RUN_ID, AIRHOST_RUN_DIR    the run's id and directory (logs, run.json)
 //        AIRHOST_HOST_PID         the host's pid: the rank dies with it
 //        AIRHOST_CONTROL_FD       the control channel's descriptor
+//        COLUMNS, LINES           only when the caller's terminal is known (OutputOptions::
+//                                 terminal_columns): its width less the rank prefix, and its
+//                                 height, for what sizes itself to the terminal; and, unless
+//                                 set, TQDM_NCOLS one less (tqdm does not read COLUMNS)
 //        CUDA_VISIBLE_DEVICES     the run's GPUs, only when spec.devices is not empty, with
 //        CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers them as NVML does
 //   4. spec.env — the user's explicit extra variables, last, so they can override anything.

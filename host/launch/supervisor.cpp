@@ -42,11 +42,6 @@ constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP};
 template <typename H>
 uv_handle_t* as_handle(H* h) { return reinterpret_cast<uv_handle_t*>(h); }
 
-// Both descriptors lead to the same terminal, pipe or file.
-bool same_destination(int a, int b) {
-  struct stat sa{}, sb{};
-  return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-}
 
 }  // namespace
 
@@ -171,6 +166,7 @@ struct Supervisor::Impl {
     try {
       const std::string text = std::string(where) + " threw: " + what;
       if (cause.host_error.empty()) cause.host_error = text;
+      if (console) console->end_open_lines(), flush_output();  // the note gets a line of its own
       to_stderr("airhost: " + text + "; stopping every rank\n");
       if (teardown_why.empty() && phase != Phase::tearing_down) teardown_why = "failed: " + text;
       begin_teardown(Outcome::failed, SIGTERM);
@@ -196,7 +192,7 @@ struct Supervisor::Impl {
       host_failure(name, "an exception that is not a std::exception");
     }
   }
-  bool on_output_broken = false, on_rank_event_broken = false;
+  bool on_output_broken = false, on_console_broken = false, on_rank_event_broken = false;
 
   // A rank whose control channel cannot be read any more (a corrupted or oversized frame)
   // fails with that as its error, so that the report names the channel, and the run ends.
@@ -214,11 +210,11 @@ struct Supervisor::Impl {
 
   // ---- output --------------------------------------------------------------------------
 
-  // Forwarded lines wait here, one buffer per stream, and leave in one write per read from a
-  // rank (flush_output) rather than one per line: a rank printing flat out then costs the host
-  // a few syscalls per 64 KiB, not one per line. Lines stay whole and never interleave, since
-  // this one thread writes whole lines only.
-  std::string pending_out, pending_err;
+  // What the console shows of every rank (log_stream.hpp: Console) waits here and leaves in
+  // one write per stream switch per read from a rank (flush_output), rather than one per
+  // line: a rank printing flat out then costs the host a few syscalls per 64 KiB, not one
+  // per line. This one thread writes, in the order Console gave, so lines never interleave.
+  std::unique_ptr<Console> console;
   static constexpr std::size_t kFlushAt = 1u << 20;
   // The host's stdout and stderr, written by threads of their own: a reader that stalls
   // (a paused terminal, a pipe nobody reads) must never stop this loop (console_writer.hpp).
@@ -230,30 +226,61 @@ struct Supervisor::Impl {
     if (stderr_writer) stderr_writer->write(bytes);
     else write_all(STDERR_FILENO, bytes);
   }
+  // A partial line is held this long for its end before it is shown (LiveSplitter).
+  static constexpr std::uint64_t kQuietMs = 150;
+  uv_timer_t output_timer{};  // shows held partial lines when their quiet spell is over
 
   void on_line(Rank& r, Stream stream, std::string_view line) {
     const auto& cb = plan.callbacks->on_output;
     if (cb) user_callback("the on_output callback", on_output_broken, [&] { cb(r.report.rank, stream, line); });
+  }
+
+  void on_show(Rank& r, Stream stream, const ConsoleEvent& event) {
     const auto& out = spec().output;
-    if (!out.forward || (!out.ranks.empty() && !out.ranks.count(r.report.rank))) return;
-    std::string& pending = stream == Stream::out ? pending_out : pending_err;
-    if (out.prefix) pending += r.prefix;
-    pending += line;
-    pending += '\n';
-    if (pending.size() >= kFlushAt) flush_output();
+    if (!out.forward && !plan.callbacks->on_console) return;
+    if (!out.ranks.empty() && !out.ranks.count(r.report.rank)) return;
+    console->show(r.report.rank, stream, out.prefix ? std::string_view(r.prefix) : std::string_view(), event);
+    if (console->pending_bytes() >= kFlushAt) flush_output();
   }
 
   void flush_output() {
-    // stderr first: a rank's error is usually what the user looks for.
+    const auto& to_caller = plan.callbacks->on_console;
+    // stdout's writer is stderr's when both lead to one terminal or file (see run()).
     ConsoleWriter* out_writer = stdout_writer ? stdout_writer.get() : stderr_writer.get();
-    if (!stderr_writer) return;  // nothing is forwarded (the Python API reads the lines itself)
-    if (!pending_err.empty()) stderr_writer->write(pending_err), pending_err.clear();
-    if (!pending_out.empty()) out_writer->write(pending_out), pending_out.clear();
+    for (const auto& [stream, bytes] : console->pending()) {
+      if (stderr_writer) (stream == Stream::out ? out_writer : stderr_writer.get())->write(bytes);
+      if (to_caller) user_callback("the on_console callback", on_console_broken, [&] { to_caller(stream, bytes); });
+    }
+    console->clear_pending();
   }
 
-  // airhost's own word about a rank, in its stderr log and output.
+  // Streams may hold the start of a line for a while (LiveSplitter): the timer wakes the
+  // loop when the first of them is due to be shown.
+  void arm_output_timer() {
+    if (phase == Phase::finished) return;
+    std::uint64_t due = LiveSplitter::kNever;
+    for (auto& r : ranks) due = std::min({due, r->out_stream->deadline(), r->err_stream->deadline()});
+    if (due == LiveSplitter::kNever) {
+      uv_timer_stop(&output_timer);
+      return;
+    }
+    const std::uint64_t now = uv_now(&loop);
+    uv_timer_start(&output_timer, [](uv_timer_t* t) {
+      auto* self = static_cast<Impl*>(t->data);
+      self->guarded("showing held rank output", [&] { self->on_output_timer(); });
+    }, due > now ? due - now : 0, 0);
+  }
+
+  void on_output_timer() {
+    const std::uint64_t now = uv_now(&loop);
+    for (auto& r : ranks) r->out_stream->tick(now), r->err_stream->tick(now);
+    flush_output();
+    arm_output_timer();
+  }
+
+  // airhost's own word about a rank, in its stderr log and output, on a line of its own.
   void note(Rank& r, const std::string& text) {
-    r.err_stream->feed("airhost: " + text + "\n");
+    r.err_stream->note("airhost: " + text + "\n");
     flush_output();
   }
 
@@ -303,9 +330,10 @@ struct Supervisor::Impl {
     Rank& r = *c.rank;
     if (nread > 0) {
       std::string_view bytes(buf->base, static_cast<std::size_t>(nread));
-      if (c.which == 1) r.out_stream->feed(bytes);
-      else if (c.which == 2) r.err_stream->feed(bytes);
+      if (c.which == 1) r.out_stream->feed(bytes, uv_now(&loop));
+      else if (c.which == 2) r.err_stream->feed(bytes, uv_now(&loop));
       flush_output();
+      arm_output_timer();
       return;
     }
     if (nread < 0) close_channel(c);  // UV_EOF or an error: either way this pipe is done
@@ -493,8 +521,7 @@ struct Supervisor::Impl {
 
   // A rank could not be started: it failed, and so does the run.
   void on_start_failed(Rank& r, const std::exception& e) {
-    r.err_stream->feed(std::string("airhost: ") + e.what() + "\n");
-    flush_output();
+    note(r, e.what());
     r.report.state = RankState::failed;
     r.report.exit_code = 127;
     r.report.ended_at = now_seconds();
@@ -652,6 +679,7 @@ struct Supervisor::Impl {
     phase = Phase::finished;
     uv_close(as_handle(&timeout_timer), nullptr);
     uv_close(as_handle(&grace_timer), nullptr);
+    uv_close(as_handle(&output_timer), nullptr);
     escapees.close();
     if (signal_count) {
       // libuv leaves a signal it stops watching at SIG_DFL; what the program had before the
@@ -733,10 +761,14 @@ struct Supervisor::Impl {
       r->report.stdout_log = base + ".stdout.log";
       r->report.stderr_log = base + ".stderr.log";
       Rank* raw = r.get();
-      r->out_stream = std::make_unique<RankStream>(r->report.stdout_log, spec().output.max_line,
-                                                   [this, raw](std::string_view l) { on_line(*raw, Stream::out, l); });
-      r->err_stream = std::make_unique<RankStream>(r->report.stderr_log, spec().output.max_line,
-                                                   [this, raw](std::string_view l) { on_line(*raw, Stream::err, l); });
+      auto make_stream = [&](const std::string& log, Stream stream) {
+        RankStream::OnLine lines;  // split into lines only for a caller that asks for them
+        if (plan.callbacks->on_output) lines = [this, raw, stream](std::string_view l) { on_line(*raw, stream, l); };
+        return std::make_unique<RankStream>(log, spec().output.max_line, kQuietMs, std::move(lines),
+                                            [this, raw, stream](const ConsoleEvent& e) { on_show(*raw, stream, e); });
+      };
+      r->out_stream = make_stream(r->report.stdout_log, Stream::out);
+      r->err_stream = make_stream(r->report.stderr_log, Stream::err);
       ranks.push_back(std::move(r));
     }
   }
@@ -747,7 +779,10 @@ struct Supervisor::Impl {
       throw std::system_error(-rc, std::generic_category(), "uv_loop_init");
     uv_timer_init(&loop, &timeout_timer);
     uv_timer_init(&loop, &grace_timer);
-    timeout_timer.data = grace_timer.data = this;
+    uv_timer_init(&loop, &output_timer);
+    timeout_timer.data = grace_timer.data = output_timer.data = this;
+    // One terminal (or file) behind both: a line open on stdout must end before stderr writes.
+    console = std::make_unique<Console>(same_file(STDOUT_FILENO, STDERR_FILENO));
     uv_async_init(&loop, &async, [](uv_async_t* a) {
       auto* self = static_cast<Impl*>(a->data);
       self->guarded("handling cancel() or abort()", [&] { self->on_async(); });
@@ -763,7 +798,7 @@ struct Supervisor::Impl {
       stderr_writer = std::make_unique<ConsoleWriter>(STDERR_FILENO, ConsoleWriter::kDefaultCap, logs);
       // One terminal (or file) behind both: one writer, so that its order is the loop's and
       // no line of one stream is cut by the other's.
-      if (!same_destination(STDOUT_FILENO, STDERR_FILENO))
+      if (!same_file(STDOUT_FILENO, STDERR_FILENO))
         stdout_writer = std::make_unique<ConsoleWriter>(STDOUT_FILENO, ConsoleWriter::kDefaultCap, logs);
     }
     escapees.start(&loop, &guard, plan.context.run_id, spec().reap_orphans, [this] {

@@ -29,6 +29,12 @@ struct Callbacks {
   // One complete line of a rank's output, without its newline (a final line without one
   // is delivered at EOF). Called on the supervising thread; keep it quick.
   std::function<void(int rank, Stream, std::string_view line)> on_output;
+  // What the console shows, as it comes: the shown ranks' output (OutputOptions: prefix,
+  // ranks) with `\r` redraws and partial lines as soon as they are worth showing, cut so that
+  // no line holds two ranks' text; bytes to write to the caller's stdout or stderr in the
+  // order given. Called whether or not output is forwarded (the Python API writes these to
+  // sys.stdout and sys.stderr). Called on the supervising thread; keep it quick.
+  std::function<void(Stream, std::string_view bytes)> on_console;
   std::function<void(const RankEvent&)> on_rank_event;
   // Before a restart. Without it, the launcher says so on stderr when output is forwarded.
   std::function<void(const RestartEvent&)> on_restart;

@@ -37,7 +37,9 @@ struct OutputOptions {
   bool prefix = true;          // prepend "[rank N] " to each forwarded line
   std::set<int> ranks;         // forward only these ranks' lines; empty = all ranks
   bool forward = true;         // false: write only the log files (and call on_output)
-  std::size_t max_line = 16u << 20;  // a line longer than this is forwarded in pieces
+  std::size_t max_line = 16u << 20;  // a partial line is held for its end up to this many bytes
+  int terminal_columns = 0;    // the caller's terminal, where output is shown; 0 = not a terminal.
+  int terminal_lines = 0;      //   Ranks get COLUMNS (less the prefix) and LINES from it (rank_env.hpp)
 };
 
 // Everything a launch needs, fully resolved: no file is read and no default is guessed

@@ -71,7 +71,13 @@ TEST_CASE("a reader that stops reading never blocks write(), the cap bounds the 
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < 4096; ++i) w.write(line + "\n");  // 4 MiB into a 64 KiB pipe nobody reads
   CHECK(std::chrono::steady_clock::now() - t0 < 1s);
-  CHECK(w.skipped_bytes() > 3u * 1024 * 1024);  // the pipe and the 256 KiB queue hold the rest
+  // The pipe (64 KiB) and the queue hold the rest: up to 4 times the cap while the reader is
+  // only behind, the cap itself once it has taken nothing for kStalledAfter.
+  CHECK(w.skipped_bytes() > 2900u * 1024);
+  std::this_thread::sleep_for(ConsoleWriter::kStalledAfter + 100ms);
+  const auto before = w.skipped_bytes();
+  w.write(std::string(1023, 'z') + "\n");
+  CHECK(w.skipped_bytes() == before + 1024);  // stalled: skipped at once
   CHECK_FALSE(w.drain(300ms));                  // nobody reads: it gives up instead of waiting
   // The reader comes back: what was queued arrives, then one line says what it missed.
   std::string got;

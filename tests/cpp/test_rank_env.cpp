@@ -105,3 +105,37 @@ TEST_CASE("without inherit_env only airhost's own variables are set") {
   CHECK(env.count("SECRET") == 0);
   CHECK(env.count("RANK") == 1);
 }
+
+TEST_CASE("ranks get the caller's terminal size, less the widest rank prefix, when it is known") {
+  RunContext ctx{"r", "/d", 1, 1, 3};
+  LaunchSpec spec;
+  spec.nprocs = 12;  // "[rank 11] " is 10 columns
+  SUBCASE("unknown: the caller's variables pass unchanged, none is made up") {
+    auto env = as_map(build_rank_env(spec, 0, ctx, {"COLUMNS=100"}));
+    CHECK(env["COLUMNS"] == "100");
+    CHECK(env.count("LINES") == 0);
+    CHECK(env.count("TQDM_NCOLS") == 0);
+  }
+  SUBCASE("known, with prefixes") {
+    spec.output.terminal_columns = 120;
+    spec.output.terminal_lines = 40;
+    auto env = as_map(build_rank_env(spec, 3, ctx, {"COLUMNS=120"}));
+    CHECK(env["COLUMNS"] == "110");
+    CHECK(env["LINES"] == "40");
+    CHECK(env["TQDM_NCOLS"] == "109");
+  }
+  SUBCASE("known, without prefixes; the user's own TQDM_NCOLS and explicit COLUMNS win") {
+    spec.output.terminal_columns = 120;
+    spec.output.prefix = false;
+    spec.env["COLUMNS"] = "60";
+    auto env = as_map(build_rank_env(spec, 0, ctx, {"TQDM_NCOLS=50"}));
+    CHECK(env["COLUMNS"] == "60");
+    CHECK(env["TQDM_NCOLS"] == "50");
+    CHECK(env.count("LINES") == 0);
+  }
+  SUBCASE("too narrow to be worth it") {
+    spec.output.terminal_columns = 25;
+    auto env = as_map(build_rank_env(spec, 0, ctx, {}));
+    CHECK(env.count("COLUMNS") == 0);
+  }
+}

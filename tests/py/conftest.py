@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -339,6 +340,38 @@ class Airhost:
         run = self._collect(argv, proc.returncode, stdout, stderr, cwd, runs_root, time.monotonic() - t0, proc.pid)
         run.assert_no_process_left()
         return run
+
+    def timed(self, *args, env=None, unset_env=(), timeout: float = 120.0) -> tuple[Run, dict]:
+        """Runs like __call__, also noting when each piece of the host's output could be read:
+        returns the Run and {"stdout": [(seconds, bytes), ...], "stderr": [...]}, the seconds
+        from the start, one entry per read of the pipe."""
+        argv = [str(a) for a in args]
+        runs_root = self._new_runs_root()
+        t0 = time.monotonic()
+        proc = subprocess.Popen([self.binary, *argv], cwd=self.work, env=self.env(runs_root, env, unset_env),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        pieces = {"stdout": [], "stderr": []}
+
+        def read(name, pipe):
+            while data := os.read(pipe.fileno(), 1 << 16):
+                pieces[name].append((time.monotonic() - t0, data))
+
+        readers = [threading.Thread(target=read, args=(name, getattr(proc, name))) for name in pieces]
+        for t in readers:
+            t.start()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"airhost {' '.join(argv)} did not finish within {timeout} s")
+        finally:
+            for t in readers:
+                t.join(timeout=10)
+        stdout, stderr = (b"".join(data for _, data in pieces[name]) for name in ("stdout", "stderr"))
+        run = self._collect(argv, proc.returncode, stdout, stderr, self.work, runs_root, time.monotonic() - t0, proc.pid)
+        run.assert_no_process_left()
+        return run, pieces
 
     def start(self, *args, cwd=None, env=None, unset_env=()) -> Started:
         argv = [str(a) for a in args]

@@ -165,3 +165,47 @@ def test_interrupting_the_kernel_mid_run_raises_keyboard_interrupt_in_the_cell_a
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+BAR = """
+import sys, time
+from airhost import distributed
+
+@distributed(num_accelerators=1, tracking=False)
+def bar():
+    for i in range(16):
+        sys.stderr.write(f"\\rstep {i:02d}/15")
+        sys.stderr.flush()
+        if i < 15:
+            time.sleep(0.2)
+    sys.stderr.write("\\n")
+    return 0
+
+bar.distributed()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_ranks_progress_bar_reaches_the_cell_as_it_moves(api_tmp):
+    km = kernel_manager()
+    km.start_kernel(env=base_env(api_tmp), cwd=str(api_tmp))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        arrivals = []  # (when, redraws so far), one per stream message that brought more
+
+        def note_redraws(text):
+            seen = text.count("step ")
+            if not arrivals or seen > arrivals[-1][1]:
+                arrivals.append((time.monotonic(), seen))
+
+        reply, text = execute(kc, BAR, timeout=120, on_output=note_redraws)
+        assert reply["status"] == "ok", reply
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    # The cell gets each redraw under the rank's name; Jupyter renders the '\\r' in place.
+    assert text == "".join(f"{'' if i == 0 else chr(13)}[rank 0] step {i:02d}/15" for i in range(16)) + "\n", text
+    assert len(arrivals) >= 5, f"16 redraws reached the cell in {len(arrivals)} messages: {arrivals}"
+    assert arrivals[-1][0] - arrivals[0][0] >= 1.5, arrivals

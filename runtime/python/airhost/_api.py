@@ -1,6 +1,7 @@
 """`@distributed`: run a function on every accelerator of this node, get one result per rank."""
 from __future__ import annotations
 
+import codecs
 import concurrent.futures
 import functools
 import io
@@ -261,6 +262,20 @@ _warm_lock = threading.Lock()
 _warm_server: Optional[_WarmServer] = None
 
 
+def _terminal_size(*streams) -> dict:
+    """The size of the terminal the rank output is written to, for the ranks' COLUMNS and
+    LINES (a tqdm bar then fits it); else the caller's COLUMNS; else nothing (a notebook)."""
+    for stream in streams:
+        try:
+            if stream.isatty():
+                size = os.get_terminal_size(stream.fileno())
+                return {"terminal_columns": size.columns, "terminal_lines": size.lines}
+        except (AttributeError, OSError, ValueError):
+            continue
+    columns = os.environ.get("COLUMNS", "")
+    return {"terminal_columns": int(columns)} if columns.isdigit() else {}
+
+
 def _warm_socket() -> str:
     """The socket of this process's warm server when it is ready; '' otherwise (the call
     then starts cold) or when warm starts are off."""
@@ -386,7 +401,9 @@ class _Launch:
                 "run_dir": self.run_dir,
                 "working_dir": os.getcwd(),
                 "warm_socket": _warm_socket(),
+                "prefix": opts.prefix,
             }
+            self.spec.update(_terminal_size(self._out(), self._err()))
             self.run = _native.Run(self.spec)
         except BaseException:
             if self.lease:
@@ -403,18 +420,20 @@ class _Launch:
 
     def pump(self, timeout: float) -> bool:
         """Forwards rank output written since the last call; True once the run is over."""
-        done, lines = self.run.poll(timeout)
-        if lines:
+        done, pieces = self.run.poll(timeout)
+        if pieces:
+            # The bytes come ready to show (prefixes, `\r` redraws, partial lines: see
+            # Callbacks::on_console); a character cut between two pieces is decoded whole.
+            if self._decoders is None:
+                self._decoders = {n: codecs.getincrementaldecoder("utf-8")("replace") for n in (1, 2)}
             streams = {1: self._out(), 2: self._err()}
-            for rank, stream, data in lines:
-                text = data.decode("utf-8", "replace")
-                if rank < 0 or not self.opts.prefix:  # rank -1: airhost's own word (a restart)
-                    streams[stream].write(text + "\n")
-                else:
-                    streams[stream].write(f"[rank {rank}] {text}\n")
+            for stream, data in pieces:
+                streams[stream].write(self._decoders[stream].decode(data))
             for s in streams.values():
                 s.flush()
         return done
+
+    _decoders = None
 
     def wait(self):
         """Runs to the end in this thread. Ctrl-C (or Jupyter's interrupt) stops every rank
