@@ -165,14 +165,18 @@ class Server:
         else:
             names = [m.strip() for m in self.preload_spec.split(",") if m.strip()]
         self.modules = names
-        for name in names:
-            try:
-                importlib.import_module(name)
-            except BaseException as e:
-                raise SystemExit(
-                    f"airhost warm server: preload module {name!r} failed to import: "
-                    f"{type(e).__name__}: {e}; fix it or leave it out of preload (cold starts still work)"
-                )
+        untrack = _track_entropy_seeded_randoms()
+        try:
+            for name in names:
+                try:
+                    importlib.import_module(name)
+                except BaseException as e:
+                    raise SystemExit(
+                        f"airhost warm server: preload module {name!r} failed to import: "
+                        f"{type(e).__name__}: {e}; fix it or leave it out of preload (cold starts still work)"
+                    )
+        finally:
+            untrack()
         # Imports the checks and the child need, done here so a rank pays for none of them.
         import ctypes  # noqa: F401
         import runpy  # noqa: F401
@@ -473,6 +477,77 @@ def serve(sock_path, preload, parent_pid):
 SIGINT_EXIT = -2  # airhost-rank re-raises SIGINT after finalizing, as python does
 
 
+def fresh_process_state():
+    """What a fresh interpreter draws from the OS at start, drawn again in this forked rank:
+    without it every rank of every warm run would continue the server's random streams
+    (unseeded torch.rand, augmentation, dropout masks, initial weights all identical).
+    Seeding (torch.manual_seed(0) and friends) comes later, in the user's code, and wins."""
+    import random
+
+    # CPython's at-fork hook already reseeds random's global instance; done again so that the
+    # promise does not rest on how the fork was made.
+    random.seed()
+    for rng in list(_entropy_seeded_randoms):
+        rng.seed()  # a random.Random a preloaded module made without a seed, as cold would give
+    np = sys.modules.get("numpy")
+    if np is not None:  # a cold rank seeds numpy's global generator from the OS: so does this one
+        try:
+            np.random.seed()
+        except Exception:
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # A cold rank's CPU default generator is created at `import torch` from /dev/urandom;
+        # its seed() draws a new one the same way (initial_seed() then differs per rank).
+        # Not torch.seed(): that also queues torch.cuda.manual_seed_all(cpu seed) for CUDA's
+        # lazy init, giving every GPU the CPU's seed, where a cold rank seeds each device's
+        # generator from the OS when CUDA creates it. The server never initialises CUDA (it
+        # refuses to fork if it has), so CUDA's generators are created, fresh, in the rank.
+        try:
+            torch.default_generator.seed()
+        except Exception:
+            pass
+    mp = sys.modules.get("multiprocessing.process")
+    if mp is not None:
+        # Drawn from os.urandom when multiprocessing is imported (torch imports it): a fresh
+        # interpreter has its own, and a Listener/Manager authenticates with it.
+        try:
+            mp.current_process().authkey = os.urandom(32)
+        except Exception:
+            pass
+    # The time zone is read from TZ when `time` is imported; a launch's TZ may differ.
+    time.tzset()
+
+
+# random.Random instances that preloaded modules created without a seed (from the OS, in a
+# fresh interpreter). Filled by Server.preload, reseeded in each forked rank; instances the
+# module seeded with a value keep it, as they would cold.
+_entropy_seeded_randoms = ()
+
+
+def _track_entropy_seeded_randoms():
+    """Wraps random.Random.seed while the preload runs; returns the function that undoes it."""
+    global _entropy_seeded_randoms
+    import random
+    import weakref
+
+    _entropy_seeded_randoms = weakref.WeakSet()
+    original = random.Random.seed
+
+    def seed(self, a=None, version=2):
+        original(self, a, version)
+        try:
+            if a is None:
+                _entropy_seeded_randoms.add(self)
+            else:
+                _entropy_seeded_randoms.discard(self)
+        except TypeError:
+            pass  # a subclass with __slots__ and no __weakref__: not tracked
+
+    random.Random.seed = seed
+    return lambda: setattr(random.Random, "seed", original)
+
+
 def _parse_argv(argv):
     opts = {"kind": "", "target": "", "function": "", "python": "", "result-format": "pickle"}
     i = 1
@@ -503,12 +578,7 @@ def run_child(job):
     if job["cwd"]:
         os.chdir(job["cwd"])
     _airhost_rank.set_control_fd(int(os.environ.get("AIRHOST_CONTROL_FD", "3")))
-    np = sys.modules.get("numpy")
-    if np is not None:  # a cold rank seeds numpy's global generator from the OS: so does this one
-        try:
-            np.random.seed()
-        except Exception:
-            pass
+    fresh_process_state()
     bootstrap = sys.modules["_airhost_bootstrap"]
     bootstrap.install()
 
