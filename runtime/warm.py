@@ -587,6 +587,10 @@ def run_child(job):
     if kind in ("function-script", "function-module", "pickled"):
         sys.argv = [("-c" if kind == "pickled" else target), *args]
         sys.orig_argv = list(sys.argv)
+        # A function rank ends as a cold one does (runtime/interpreter.cpp): exit_quickly, then
+        # _exit, not a full finalization that tears torch down for a second or more of CPU
+        # while the caller waits for the run to end. A script ends as `python` would.
+        job["quick_exit"] = True
         return bootstrap.run_function(kind, target, opts["function"], opts["result-format"])
 
     import __main__
