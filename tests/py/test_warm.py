@@ -5,6 +5,7 @@ puts the socket in the test's tmp_path; the fixture stops the server at the end 
 suite's no_process_outlives_the_test checks that nothing of it is left."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -309,3 +310,119 @@ def test_the_python_api_reuses_one_warm_server_across_calls(tmp_path):
         assert all(ppid == server for _, ppid, _ in call)
         assert len({pid for pid, _, _ in call}) == 2
     assert not is_running(server), "the warm server outlived its caller"
+
+
+# ---- warm ranks are cold ranks: random streams -------------------------------------------
+#
+# A forked rank must not continue the server's random streams: unseeded draws differ across
+# ranks and runs as after a cold start, and seeded draws are the cold ones.
+
+DRAWS = """
+import json, multiprocessing, os, random
+import numpy as np
+import torch
+import holds_rngs
+
+def draws():
+    unseeded = {"torch": torch.rand(1).item(), "torch_initial_seed": torch.initial_seed(),
+                "numpy": float(np.random.rand()), "random": random.random(),
+                "module_unseeded_random": holds_rngs.UNSEEDED.random(),
+                "mp_authkey": multiprocessing.current_process().authkey.hex()}
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    seeded = {"torch": torch.rand(3).tolist(), "torch_initial_seed": torch.initial_seed(),
+              "torch_generator": torch.randn(2, generator=torch.Generator().manual_seed(1)).tolist(),
+              "numpy": np.random.rand(3).tolist(), "random": [random.random() for _ in range(3)],
+              "module_seeded_random": holds_rngs.SEEDED.random()}
+    return {"rank": int(os.environ["RANK"]), "pid": os.getpid(), "ppid": os.getppid(),
+            "unseeded": unseeded, "seeded": seeded}
+"""
+
+HOLDS_RNGS = """
+import random
+UNSEEDED = random.Random()  # from the OS, in a fresh interpreter
+SEEDED = random.Random(42)
+"""
+
+
+def assert_fresh_streams(warm_draws, cold_draws):
+    """Every unseeded draw differs across all warm ranks and runs; every seeded one is the
+    cold run's."""
+    for key in warm_draws[0]["unseeded"]:
+        values = [d["unseeded"][key] for d in warm_draws]
+        assert len(set(values)) == len(values), f"unseeded {key} repeats across warm ranks and runs: {values}"
+    want = cold_draws[0]["seeded"]
+    assert all(d["seeded"] == want for d in cold_draws)
+    for d in warm_draws:
+        assert d["seeded"] == want, (d["rank"], d["seeded"], want)
+
+
+def test_warm_ranks_draw_fresh_random_streams_and_seeded_draws_equal_cold(airhost, warm, tmp_path):
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    write(mods / "holds_rngs.py", HOLDS_RNGS)
+    write(mods / "draws.py", DRAWS)
+    write(airhost.work / "draw.py", """
+        import json
+        from draws import draws
+        print("DRAWS " + json.dumps(draws()), flush=True)
+    """)
+    env = {"PYTHONPATH": str(mods)}
+    warm.env = env
+    server = warm.start("--preload", "torch,holds_rngs")
+
+    def run_draws(*flags):
+        run = airhost(*flags, "draw.py", "-n", "2", env=env)
+        run.assert_rc(0)
+        got = [json.loads(line.split("DRAWS ", 1)[1]) for line in run.out.splitlines() if "DRAWS " in line]
+        assert sorted(d["rank"] for d in got) == [0, 1], run.out
+        return run, got
+
+    warm_draws = []
+    for _ in range(3):
+        run, got = run_draws()
+        assert f"warm start (server pid {server}" in run.err, run.err
+        assert all(d["ppid"] == server for d in got)
+        warm_draws += got
+    cold_run, cold_draws = run_draws("--cold")
+    assert "warm start" not in cold_run.err
+    assert_fresh_streams(warm_draws, cold_draws)
+
+
+API_DRAWS = """
+import json, os, sys
+sys.path.insert(0, os.environ["DRAWS_DIR"])
+from airhost import distributed, _api
+from draws import draws
+
+fn = distributed(num_accelerators=2)(draws)
+calls = [fn.distributed()]
+server = _api.warm_server(wait=120)
+assert server is not None and server.ready(), "no warm server"
+calls += [fn.distributed() for _ in range(3)]
+print("SERVER", server.pid)
+print("CALLS", json.dumps(calls))
+"""
+
+
+def test_the_python_apis_warm_calls_draw_fresh_random_streams_and_seeded_draws_equal_cold(tmp_path):
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    write(mods / "holds_rngs.py", HOLDS_RNGS)
+    write(mods / "draws.py", DRAWS)
+    script = write(tmp_path / "api.py", API_DRAWS)
+    env = dict(os.environ, AIRHOST_RUNS_DIR=str(tmp_path / "runs"), AIRHOST_TRACKING="0", AIRHOST_WARM="1",
+               AIRHOST_PRELOAD="torch,holds_rngs", PYTHONPATH=str(mods), DRAWS_DIR=str(mods),
+               AIRHOST_TEST_MARK=str(tmp_path) + os.sep)
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.split(" ")[0].isupper())
+    server = int(out["SERVER"])
+    cold, *warm_calls = json.loads(out["CALLS"])
+    assert all(d["ppid"] != server for d in cold), "the first call starts cold"
+    for call in warm_calls:
+        assert [d["rank"] for d in call] == [0, 1]
+        assert all(d["ppid"] == server for d in call), "a later call forks from the warm server"
+    assert_fresh_streams([d for call in warm_calls for d in call], cold)
