@@ -370,7 +370,7 @@ def test_warm_ranks_draw_fresh_random_streams_and_seeded_draws_equal_cold(airhos
     """)
     env = {"PYTHONPATH": str(mods)}
     warm.env = env
-    server = warm.start("--preload", "torch,holds_rngs")
+    server = warm.start("--preload", "torch,numpy.random,holds_rngs")  # numpy.random: reseeded in the rank
 
     def run_draws(*flags):
         run = airhost(*flags, "draw.py", "-n", "2", env=env)
