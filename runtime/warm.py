@@ -27,10 +27,15 @@ KIND_NAMES = {HELLO: "hello", START: "start", STOP: "stop"}
 DENY = ("ray", "grpc", "mlflow", "wandb", "zmq", "jax", "tensorflow")
 
 # Variables the interpreter and native libraries read once at start (sys.path, sys.flags,
-# thread pools): a rank forked from the server has the server's values of them, so a launch
-# whose values differ is refused rather than silently served with the wrong ones.
+# thread pools, the locale and with it stdio's encoding), or torch when it is imported (its
+# logs and traces, the JIT switch, how it loads its libraries): a rank forked from the server
+# has the server's values of them, so a launch whose values differ is refused rather than
+# silently served with the wrong ones.
 START_VARS_PREFIX = "PYTHON"
-START_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH")
+START_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH",
+              "LANG", "LC_ALL", "LC_CTYPE",
+              "TORCH_LOGS", "TORCH_LOGS_OUT", "TORCH_LOGS_FORMAT", "TORCH_TRACE", "TORCH_DTRACE",
+              "TORCH_COMPILE_DEBUG", "TORCH_USE_RTLD_GLOBAL", "TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTORCH_JIT")
 NOT_START_VARS = ("PYTHONUNBUFFERED",)  # every rank gets 1, and so does the server
 
 
@@ -52,6 +57,59 @@ def decode_fields(body):
         fields[name] = body[i + 8 : i + 8 + m]
         i += 8 + m
     return fields
+
+
+def process_attributes():
+    """What a process inherits besides its environment, in the strings the host sends in its
+    hello (host/launch/warm_starter.cpp, process_attributes): a forked rank has these of the
+    server, a cold one those of its host."""
+    import resource
+
+    attrs = {}
+    try:
+        with open("/proc/self/status") as f:
+            attrs["umask"] = next(line.split()[1] for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration):
+        pass
+    attrs["affinity"] = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    limits = {}
+    for r in range(64):
+        try:
+            soft, hard = resource.getrlimit(r)
+        except (ValueError, OSError):
+            break
+        limits[str(r)] = ":".join("inf" if v == resource.RLIM_INFINITY else str(v) for v in (soft, hard))
+    attrs["rlimits"] = limits
+    attrs["nice"] = str(os.getpriority(os.PRIO_PROCESS, 0))
+    return attrs
+
+
+def _rlimit_name(number):
+    import resource
+
+    names = {}
+    for n in sorted(dir(resource)):  # RLIMIT_NOFILE before its alias RLIMIT_OFILE
+        if n.startswith("RLIMIT_"):
+            names.setdefault(getattr(resource, n), n)
+    return names.get(int(number), f"resource {number}")
+
+
+def attribute_difference(have, fields):
+    """Why the host's attributes in `fields` (its hello) differ from the server's, or ''."""
+    words = {"umask": "umask", "affinity": "CPU affinity", "nice": "nice value"}
+    for key, word in words.items():
+        if key not in fields or key not in have:
+            continue
+        want = fields[key].decode().strip()
+        if want != have[key].strip():
+            return f"its {word} is {have[key].strip()!r} but this launch's is {want!r}"
+    if "rlimits" in fields:
+        for item in fields["rlimits"].decode().split(","):
+            number, _, want = item.partition("=")
+            if number in have["rlimits"] and have["rlimits"][number] != want:
+                return (f"its {_rlimit_name(number)} limit is {have['rlimits'][number]} (soft:hard) "
+                        f"but this launch's is {want}")
+    return ""
 
 
 def start_vars(env):
@@ -145,6 +203,7 @@ class Server:
         self.parent_pid = parent_pid
         self.started = time.time()
         self.env_at_start = dict(os.environ)
+        self.attributes = process_attributes()
         self.sources = {}
         self.conns = {}  # socket -> Conn
         self.children = {}  # pid -> Conn
@@ -358,7 +417,12 @@ class Server:
             for k in sorted(set(want) | set(have)):
                 if want.get(k) != have.get(k):
                     return (f"the warm server was started with {k}={have.get(k, '<unset>')!r} but this launch has "
-                            f"{k}={want.get(k, '<unset>')!r}, which the interpreter reads only at start")
+                            f"{k}={want.get(k, '<unset>')!r}, which is read only when the interpreter starts "
+                            "or a preloaded module is imported")
+        differs = attribute_difference(self.attributes, fields)
+        if differs:
+            return (f"{differs}; a rank forked from the server would have the server's (start the "
+                    "server from where you launch, or start cold: --cold, AIRHOST_WARM=0)")
         changed = self.changed_source()
         if changed:
             self.stopping = True  # stale: serve no one again; exit once our ranks are done

@@ -239,12 +239,54 @@ def test_a_changed_preloaded_source_is_never_served_stale(airhost, warm, tmp_pat
     wait_for(lambda: not is_running(server), 10, "the stale server to retire")
 
 
-def test_an_interpreter_start_variable_that_differs_means_cold(airhost, warm):
+@pytest.mark.parametrize("name, value", [
+    ("PYTHONPATH", "/nonexistent"),  # sys.path, made at interpreter start
+    ("LC_ALL", "C" if os.environ.get("LC_ALL") != "C" else "C.UTF-8"),  # the locale: stdio's encoding
+    ("TORCH_LOGS", "+dynamo"),       # read by `import torch`, which the server has done
+])
+def test_an_interpreter_start_variable_that_differs_means_cold(airhost, warm, name, value):
     warm.start("--preload", "none")
     write(airhost.work / "hi.py", "print('hi')\n")
-    run = airhost("hi.py", "-n", "1", env={"PYTHONPATH": "/nonexistent"})
+    run = airhost("hi.py", "-n", "1", env={name: value})
     run.assert_rc(0)
-    assert "PYTHONPATH" in run.err and "cold start" in run.err
+    assert f"the warm server was started with {name}=" in run.err and "cold start" in run.err
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _inherited_attribute_cases():
+    import resource
+    import shutil
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    cases = [
+        ("umask", f"umask {'022' if _umask() == 0o077 else '077'}; exec", "umask"),
+        ("rlimit", f"ulimit -S -n {soft - 1}; exec", "RLIMIT_NOFILE limit"),
+        ("nice", "exec nice -n 3", "nice value"),
+    ]
+    if len(os.sched_getaffinity(0)) > 1 and shutil.which("taskset"):
+        cases.append(("affinity", f"exec taskset -c {min(os.sched_getaffinity(0))}", "CPU affinity"))
+    return cases
+
+
+@pytest.mark.parametrize("case, prefix, why", _inherited_attribute_cases(), ids=lambda x: x if " " not in x else "")
+def test_a_launch_whose_inherited_attributes_differ_from_the_servers_starts_cold(airhost, warm, tmp_path,
+                                                                                 case, prefix, why):
+    # A cold rank inherits the host's umask, CPU affinity, resource limits and nice value; a
+    # forked one would have the server's.
+    server = warm.start("--preload", "none")
+    write(airhost.work / "hi.py", "print('hi')\n")
+    env = airhost.env(tmp_path / f"runs-{case}")
+    r = subprocess.run(["sh", "-c", f"{prefix} {airhost.binary} hi.py -n 1"], env=env, cwd=airhost.work,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "airhost: cold start (warm server refused: " in r.stderr and why in r.stderr, r.stderr
+    same = airhost("hi.py", "-n", "1")  # from where the server was started: warm
+    assert f"warm start (server pid {server}" in same.err, same.err
 
 
 def test_a_stale_socket_is_ignored_then_replaced(airhost, warm, tmp_path):
