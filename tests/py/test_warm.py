@@ -432,6 +432,16 @@ def test_warm_ranks_draw_fresh_random_streams_and_seeded_draws_equal_cold(airhos
     assert_fresh_streams(warm_draws, cold_draws)
 
 
+def test_a_warm_rank_takes_the_time_zone_of_its_launch(airhost, warm):
+    # `time` reads TZ when it is imported, in the server; a POSIX TZ string needs no tzdata.
+    warm.start("--preload", "torch")
+    write(airhost.work / "tz.py", "import time; print('TZ', time.tzname[0], time.timezone)\n")
+    run = airhost("tz.py", "-n", "1", env={"TZ": "XYZ-5"})
+    run.assert_rc(0)
+    assert "warm start (server pid" in run.err
+    assert "TZ XYZ -18000" in run.out, run.out
+
+
 API_DRAWS = """
 import json, os, sys
 sys.path.insert(0, os.environ["DRAWS_DIR"])
