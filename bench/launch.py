@@ -18,6 +18,9 @@ Sections (bench/README.md says what each figure means and why it is measured tha
   steady     steps/s of a 4-rank gloo DDP MLP under airhost and torchrun
   footprint  peak RSS of the supervising process (airhost's host, torchrun's agent) with
              1, 4 and 16 ranks that sleep
+  api        warm calls, 4 ranks: the Python API's third `.distributed()` call of a process
+             and a CLI warm launch, call/launch -> the last rank's line after `import
+             torch`, against torchrun's start-up in the same run
 
 Within each section the launchers alternate in every repeat (the order rotates), after an
 uncounted warm-up run of each; figures are medians (with min and max). Every run must exit
@@ -49,7 +52,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS = HERE / "scripts"
 STAMP_ENV = "AIRHOST_BENCH_STAMPS"  # a run's record directory; also marks its processes
 WARM_ENV = "AIRHOST_BENCH_WARM"     # marks the warm server's processes
-SECTIONS = ("startup", "results", "logs", "steady", "footprint")
+SECTIONS = ("startup", "results", "logs", "steady", "footprint", "api")
 MiB = 1 << 20
 
 # The targets (issue 9). "<=" / ">=" on airhost / peer, or on a count.
@@ -57,6 +60,7 @@ TARGETS = {
     "startup_vs_torchrun": ("<=", 0.7),    # cold, tracking on (the default)
     "startup_vs_floor": ("<=", 1.10),      # cold, tracking on: within 10% of N bare pythons
     "warm_vs_torchrun": ("<=", 0.05),
+    "api_warm_vs_torchrun": ("<=", 0.05),  # the Python API's third call (issue 17)
     "results_vs_memcpy": (">=", 0.5),
     "results_vs_mp_queue": (">=", 5.0),
     "logs_lost": ("<=", 0),
@@ -792,6 +796,56 @@ def bench_footprint(b: Bench) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- 6. warm calls
+
+
+def bench_api(b: Bench) -> dict:
+    """The Python API's warm call (the third `.distributed()` of a process, its own warm
+    server forking the ranks) and a CLI warm launch, both to the last rank's line after
+    `import torch`, against torchrun's start-up, alternated in the same run."""
+    n = b.args.api_ranks
+    caller = str(SCRIPTS / "api_caller.py")
+    warm = WarmServer(b)
+    built, why = {"yes": (True, ""), "no": (False, "skipped (--warm no)")}.get(b.args.warm) \
+        or warm.built()
+    launchers = [
+        Launcher("api_warm", "Python API, 3rd call, AIRHOST_TRACKING=0",
+                 lambda s, _n: [Proc([b.python, caller, str(n)])]),
+        Launcher("api_warm_tracking", "Python API, 3rd call, tracking on (default)",
+                 lambda s, _n: [Proc([b.python, caller, str(n)])], unset=("AIRHOST_TRACKING",)),
+        airhost_launcher(b, "cli_warm", "airhost warm (warm start --preload torch)",
+                         unset=("AIRHOST_TRACKING",), session=warm.running, available=built,
+                         why_not=why),
+        torchrun_launcher(b),
+    ]
+    script = str(SCRIPTS / "startup.py")
+
+    def one(l: Launcher, tag: str) -> dict:
+        if l.key.startswith("api_"):
+            res = b.run(f"api-{n}-{l.key}-{tag}", l.procs("", n), nranks=n, kind="call3",
+                        env=l.env, unset=l.unset)
+            res.update(json.loads(Path(res["stdout"]).read_text().strip().splitlines()[-1]))
+        else:
+            res = b.run(f"api-{n}-{l.key}-{tag}", l.procs(script, n), nranks=n, kind="torch",
+                        env=l.env, unset=l.unset)
+            res["ready"] = max(r["t"] for r in res["records"])
+            res["call"] = res["exit"]
+        b.done_with(res)
+        res["shown"] = f"{res['ready']:.3f}s"
+        return res
+
+    log(f"warm calls, {n} ranks")
+    runs = series(b, f"warm calls {n} ranks", launchers, one, b.args.repeats or 5)
+    out = {"ranks": n, "launchers": {l.key: {"label": l.label, "available": l.available,
+                                             "why_not": l.why_not} for l in launchers}}
+    for key, rs in runs.items():
+        out[key] = {"ready": summary([r["ready"] for r in rs]),
+                    "call": summary([r["call"] for r in rs]),
+                    "runs": [{k: r.get(k) for k in ("ready", "call", "first_call", "exit")}
+                             for r in rs]}
+    return out
+
+
 # --------------------------------------------------------------------------- the verdicts
 
 
@@ -868,6 +922,18 @@ def verdict_rows(rep: dict) -> list[dict]:
         for n, by in rep["footprint"]["by_ranks"].items():
             row(f"footprint {n} ranks: supervisor peak RSS", by["airhost"]["mib"]["median"],
                 by["torchrun"]["mib"]["median"], "{:.1f} MiB", "footprint")
+    if "api" in rep:
+        a = rep["api"]
+        t = a["torchrun"]["ready"]["median"]
+        for key, what in (("api_warm", "API 3rd call"), ("api_warm_tracking", "API 3rd call, tracking on")):
+            row(f"warm calls {a['ranks']} ranks: {what} / torchrun", a[key]["ready"]["median"], t,
+                "{:.3f} s", "api_warm_vs_torchrun")
+            # Stricter: the whole call, results in hand, against torchrun's start-up alone.
+            row(f"warm calls {a['ranks']} ranks: {what}, whole call / torchrun", a[key]["call"]["median"],
+                t, "{:.3f} s", "api_warm_vs_torchrun")
+        if "cli_warm" in a:
+            row(f"warm calls {a['ranks']} ranks: CLI warm / torchrun", a["cli_warm"]["ready"]["median"],
+                t, "{:.3f} s", "warm_vs_torchrun")
     return rows
 
 
@@ -973,6 +1039,25 @@ def print_report(rep: dict) -> None:
             guard = f" (+ guard {a['guard_mib']['median']:.1f})" if "guard_mib" in a else ""
             print(f"   {n:>3} ranks: airhost host {a['mib']['median']:7.1f}{guard}   "
                   f"torchrun agent {t['mib']['median']:7.1f}")
+
+    if "api" in rep:
+        a = rep["api"]
+        labels = {k: v["label"] for k, v in a["launchers"].items()}
+        W = max(len(v) for v in labels.values())
+        t = a["torchrun"]["ready"]["median"]
+        print(f"\n6. Warm calls, {a['ranks']} ranks: call (launch) -> the last rank's line after "
+              f"`import torch` (seconds)")
+        print(f"   {'':{W}} {'median':>7} {'min':>7} {'max':>7}  {'/torchrun':>9} | {'call':>7}")
+        for key, label in labels.items():
+            if key not in a:
+                print(f"   {label:{W}} n/a ({a['launchers'][key]['why_not'].split(':')[0]})")
+                continue
+            r = a[key]["ready"]
+            print(f"   {label:{W}} {s3(r)} {s3(r, 'min')} {s3(r, 'max')}  {r['median'] / t:9.3f} | "
+                  f"{s3(a[key]['call'])}")
+        print(f"   call: the whole `.distributed()` call, results in hand (for airhost warm and "
+              f"torchrun: launch -> exit).\n   targets: API and CLI warm "
+              f"{target_text('api_warm_vs_torchrun')} torchrun")
 
     if rep["lingered"]:
         print("\nProcesses alive after their launcher exited, gone within 5 s (runs, longest):")
@@ -1106,6 +1191,7 @@ def parse_args(argv=None):
     ap.add_argument("--steady-ranks", type=int, default=4, help="default: 4")
     ap.add_argument("--steps", type=int, default=600, help="DDP steps (default: 600)")
     ap.add_argument("--footprint-ranks", type=int_list, default=[1, 4, 16], help="default: 1,4,16")
+    ap.add_argument("--api-ranks", type=int, default=4, help="ranks of the warm calls (default: 4)")
     ap.add_argument("--sleep", type=float, default=2.0,
                     help="seconds the footprint ranks sleep (default: 2)")
     ap.add_argument("--warm", choices=("auto", "yes", "no"), default="auto",
@@ -1136,7 +1222,7 @@ def main(argv=None) -> int:
     root = Path(tempfile.mkdtemp(prefix="airhost-bench-"))
     b = Bench(args, root)
     benches = {"startup": bench_startup, "results": bench_results, "logs": bench_logs,
-               "steady": bench_steady, "footprint": bench_footprint}
+               "steady": bench_steady, "footprint": bench_footprint, "api": bench_api}
     report: dict = {"config": {k: v for k, v in vars(args).items()}}
     ok = False
     meter = CpuMeter()

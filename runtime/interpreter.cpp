@@ -81,6 +81,24 @@ PyStatus set_python(ConfigGuard& config, const std::string& python) {
   return PyConfig_SetBytesString(config.get(), &config->executable, python.c_str());
 }
 
+// The end of a function rank, cold or forked warm. The result is with the host; the run, and
+// the caller with it, waits only for this process to end. bootstrap.exit_quickly does what of
+// Python's exit a program can see; the rest of Py_FinalizeEx (tearing torch down: a second or
+// more per rank) is skipped, as multiprocessing does for its workers, unless
+// AIRHOST_RANK_FINALIZE=1. Returns (to finalize fully) only then, or if even that failed.
+void exit_function_rank(PyObject* bootstrap, int code) {
+  const char* full = std::getenv("AIRHOST_RANK_FINALIZE");
+  if (full && std::string(full) == "1") return;
+  PyObject* last = PyObject_CallMethod(bootstrap, "exit_quickly", "i", code);
+  if (last) {
+    code = static_cast<int>(PyLong_AsLong(last));
+    Py_DECREF(last);
+    std::fflush(nullptr);  // C stdio of extensions (NCCL's log, say), as exit() would
+    _exit(code);
+  }
+  PyErr_Print();  // could not even do that: finalize fully
+}
+
 }  // namespace
 
 int run_interpreter(const RankArgs& args) {
@@ -133,21 +151,7 @@ int run_interpreter(const RankArgs& args) {
   } else {
     PyErr_Print();
   }
-  // The result is with the host; the run, and the caller with it, waits only for this process
-  // to end. bootstrap.exit_quickly does what of Python's exit a program can see; the rest of
-  // Py_FinalizeEx (tearing torch down: a second or more per rank) is skipped, as
-  // multiprocessing does for its workers, unless AIRHOST_RANK_FINALIZE=1.
-  const char* full = std::getenv("AIRHOST_RANK_FINALIZE");
-  if (!(full && std::string(full) == "1")) {
-    PyObject* last = PyObject_CallMethod(bootstrap, "exit_quickly", "i", code);
-    if (last) {
-      code = static_cast<int>(PyLong_AsLong(last));
-      Py_DECREF(last);
-      std::fflush(nullptr);  // C stdio of extensions (NCCL's log, say), as exit() would
-      _exit(code);
-    }
-    PyErr_Print();  // could not even do that: finalize fully below
-  }
+  exit_function_rank(bootstrap, code);  // returns only with AIRHOST_RANK_FINALIZE=1
   Py_DECREF(bootstrap);
   if (Py_FinalizeEx() < 0 && code == 0) code = 120;  // what python does when flushing fails
   return code;
@@ -187,6 +191,8 @@ int run_warm_server(const WarmArgs& args) {
   }
   // A forked rank: serve()'s frames are gone; the entry runs from a clean stack.
   PyObject* rv = PyObject_CallMethod(warm, "run_child", "O", job);
+  // run_child marks a function rank (job["quick_exit"]): it ends as a cold one does.
+  const bool function_rank = PyDict_Check(job) && PyDict_GetItemString(job, "quick_exit") == Py_True;
   Py_DECREF(job);
   Py_DECREF(warm);
   if (rv) {
@@ -195,6 +201,15 @@ int run_warm_server(const WarmArgs& args) {
   } else {
     PyErr_Print();
     code = 1;
+  }
+  if (function_rank) {
+    PyObject* bootstrap = PyImport_ImportModule("_airhost_bootstrap");
+    if (bootstrap) {
+      exit_function_rank(bootstrap, code);
+      Py_DECREF(bootstrap);
+    } else {
+      PyErr_Clear();
+    }
   }
   const bool sigint = code == -2;
   if (sigint) code = 130;

@@ -27,10 +27,15 @@ KIND_NAMES = {HELLO: "hello", START: "start", STOP: "stop"}
 DENY = ("ray", "grpc", "mlflow", "wandb", "zmq", "jax", "tensorflow")
 
 # Variables the interpreter and native libraries read once at start (sys.path, sys.flags,
-# thread pools): a rank forked from the server has the server's values of them, so a launch
-# whose values differ is refused rather than silently served with the wrong ones.
+# thread pools, the locale and with it stdio's encoding), or torch when it is imported (its
+# logs and traces, the JIT switch, how it loads its libraries): a rank forked from the server
+# has the server's values of them, so a launch whose values differ is refused rather than
+# silently served with the wrong ones.
 START_VARS_PREFIX = "PYTHON"
-START_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH")
+START_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH",
+              "LANG", "LC_ALL", "LC_CTYPE",
+              "TORCH_LOGS", "TORCH_LOGS_OUT", "TORCH_LOGS_FORMAT", "TORCH_TRACE", "TORCH_DTRACE",
+              "TORCH_COMPILE_DEBUG", "TORCH_USE_RTLD_GLOBAL", "TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTORCH_JIT")
 NOT_START_VARS = ("PYTHONUNBUFFERED",)  # every rank gets 1, and so does the server
 
 
@@ -52,6 +57,59 @@ def decode_fields(body):
         fields[name] = body[i + 8 : i + 8 + m]
         i += 8 + m
     return fields
+
+
+def process_attributes():
+    """What a process inherits besides its environment, in the strings the host sends in its
+    hello (host/launch/warm_starter.cpp, process_attributes): a forked rank has these of the
+    server, a cold one those of its host."""
+    import resource
+
+    attrs = {}
+    try:
+        with open("/proc/self/status") as f:
+            attrs["umask"] = next(line.split()[1] for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration):
+        pass
+    attrs["affinity"] = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    limits = {}
+    for r in range(64):
+        try:
+            soft, hard = resource.getrlimit(r)
+        except (ValueError, OSError):
+            break
+        limits[str(r)] = ":".join("inf" if v == resource.RLIM_INFINITY else str(v) for v in (soft, hard))
+    attrs["rlimits"] = limits
+    attrs["nice"] = str(os.getpriority(os.PRIO_PROCESS, 0))
+    return attrs
+
+
+def _rlimit_name(number):
+    import resource
+
+    names = {}
+    for n in sorted(dir(resource)):  # RLIMIT_NOFILE before its alias RLIMIT_OFILE
+        if n.startswith("RLIMIT_"):
+            names.setdefault(getattr(resource, n), n)
+    return names.get(int(number), f"resource {number}")
+
+
+def attribute_difference(have, fields):
+    """Why the host's attributes in `fields` (its hello) differ from the server's, or ''."""
+    words = {"umask": "umask", "affinity": "CPU affinity", "nice": "nice value"}
+    for key, word in words.items():
+        if key not in fields or key not in have:
+            continue
+        want = fields[key].decode().strip()
+        if want != have[key].strip():
+            return f"its {word} is {have[key].strip()!r} but this launch's is {want!r}"
+    if "rlimits" in fields:
+        for item in fields["rlimits"].decode().split(","):
+            number, _, want = item.partition("=")
+            if number in have["rlimits"] and have["rlimits"][number] != want:
+                return (f"its {_rlimit_name(number)} limit is {have['rlimits'][number]} (soft:hard) "
+                        f"but this launch's is {want}")
+    return ""
 
 
 def start_vars(env):
@@ -145,6 +203,7 @@ class Server:
         self.parent_pid = parent_pid
         self.started = time.time()
         self.env_at_start = dict(os.environ)
+        self.attributes = process_attributes()
         self.sources = {}
         self.conns = {}  # socket -> Conn
         self.children = {}  # pid -> Conn
@@ -165,14 +224,18 @@ class Server:
         else:
             names = [m.strip() for m in self.preload_spec.split(",") if m.strip()]
         self.modules = names
-        for name in names:
-            try:
-                importlib.import_module(name)
-            except BaseException as e:
-                raise SystemExit(
-                    f"airhost warm server: preload module {name!r} failed to import: "
-                    f"{type(e).__name__}: {e}; fix it or leave it out of preload (cold starts still work)"
-                )
+        untrack = _track_entropy_seeded_randoms()
+        try:
+            for name in names:
+                try:
+                    importlib.import_module(name)
+                except BaseException as e:
+                    raise SystemExit(
+                        f"airhost warm server: preload module {name!r} failed to import: "
+                        f"{type(e).__name__}: {e}; fix it or leave it out of preload (cold starts still work)"
+                    )
+        finally:
+            untrack()
         # Imports the checks and the child need, done here so a rank pays for none of them.
         import ctypes  # noqa: F401
         import runpy  # noqa: F401
@@ -181,6 +244,17 @@ class Server:
 
         self.allowed_native = openblas_idle_threads()
         self.record_sources()
+        # Garbage out, then every object left (torch's hundreds of thousands) out of the
+        # collector's sight: a rank's first full collection would otherwise walk them all,
+        # writing to each object's header and so copying nearly every page of the preload
+        # (measured: +120-280 ms of CPU and 10,000 page faults in a rank that merely
+        # allocates 20,000 dicts, against 3 ms frozen). Objects made in the rank are collected
+        # as usual; what the preload made is never collected there (nor returned by
+        # gc.get_objects()), as CPython's gc.freeze documents for fork servers.
+        import gc
+
+        gc.collect()
+        gc.freeze()
 
     def record_sources(self):
         for m in list(sys.modules.values()):
@@ -343,7 +417,12 @@ class Server:
             for k in sorted(set(want) | set(have)):
                 if want.get(k) != have.get(k):
                     return (f"the warm server was started with {k}={have.get(k, '<unset>')!r} but this launch has "
-                            f"{k}={want.get(k, '<unset>')!r}, which the interpreter reads only at start")
+                            f"{k}={want.get(k, '<unset>')!r}, which is read only when the interpreter starts "
+                            "or a preloaded module is imported")
+        differs = attribute_difference(self.attributes, fields)
+        if differs:
+            return (f"{differs}; a rank forked from the server would have the server's (start the "
+                    "server from where you launch, or start cold: --cold, AIRHOST_WARM=0)")
         changed = self.changed_source()
         if changed:
             self.stopping = True  # stale: serve no one again; exit once our ranks are done
@@ -473,6 +552,81 @@ def serve(sock_path, preload, parent_pid):
 SIGINT_EXIT = -2  # airhost-rank re-raises SIGINT after finalizing, as python does
 
 
+def fresh_process_state():
+    """What a fresh interpreter draws from the OS at start, drawn again in this forked rank:
+    without it every rank of every warm run would continue the server's random streams
+    (unseeded torch.rand, augmentation, dropout masks, initial weights all identical).
+    Seeding (torch.manual_seed(0) and friends) comes later, in the user's code, and wins."""
+    import random
+
+    # CPython's at-fork hook already reseeds random's global instance; done again so that the
+    # promise does not rest on how the fork was made.
+    random.seed()
+    for rng in list(_entropy_seeded_randoms):
+        rng.seed()  # a random.Random a preloaded module made without a seed, as cold would give
+    # numpy's global generator is made from the OS when numpy.random is imported. torch
+    # imports numpy but not numpy.random: then the rank makes its own, fresh, if it uses it
+    # (and seeding here would import numpy.random in every rank: 10 ms and 6 MB of copied
+    # pages for nothing).
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        try:
+            np_random.seed()
+        except Exception:
+            pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        # A cold rank's CPU default generator is created at `import torch` from /dev/urandom;
+        # its seed() draws a new one the same way (initial_seed() then differs per rank).
+        # Not torch.seed(): that also queues torch.cuda.manual_seed_all(cpu seed) for CUDA's
+        # lazy init, giving every GPU the CPU's seed, where a cold rank seeds each device's
+        # generator from the OS when CUDA creates it. The server never initialises CUDA (it
+        # refuses to fork if it has), so CUDA's generators are created, fresh, in the rank.
+        try:
+            torch.default_generator.seed()
+        except Exception:
+            pass
+    mp = sys.modules.get("multiprocessing.process")
+    if mp is not None:
+        # Drawn from os.urandom when multiprocessing is imported (torch imports it): a fresh
+        # interpreter has its own, and a Listener/Manager authenticates with it.
+        try:
+            mp.current_process().authkey = os.urandom(32)
+        except Exception:
+            pass
+    # The time zone is read from TZ when `time` is imported; a launch's TZ may differ.
+    time.tzset()
+
+
+# random.Random instances that preloaded modules created without a seed (from the OS, in a
+# fresh interpreter). Filled by Server.preload, reseeded in each forked rank; instances the
+# module seeded with a value keep it, as they would cold.
+_entropy_seeded_randoms = ()
+
+
+def _track_entropy_seeded_randoms():
+    """Wraps random.Random.seed while the preload runs; returns the function that undoes it."""
+    global _entropy_seeded_randoms
+    import random
+    import weakref
+
+    _entropy_seeded_randoms = weakref.WeakSet()
+    original = random.Random.seed
+
+    def seed(self, a=None, version=2):
+        original(self, a, version)
+        try:
+            if a is None:
+                _entropy_seeded_randoms.add(self)
+            else:
+                _entropy_seeded_randoms.discard(self)
+        except TypeError:
+            pass  # a subclass with __slots__ and no __weakref__: not tracked
+
+    random.Random.seed = seed
+    return lambda: setattr(random.Random, "seed", original)
+
+
 def _parse_argv(argv):
     opts = {"kind": "", "target": "", "function": "", "python": "", "result-format": "pickle"}
     i = 1
@@ -503,12 +657,7 @@ def run_child(job):
     if job["cwd"]:
         os.chdir(job["cwd"])
     _airhost_rank.set_control_fd(int(os.environ.get("AIRHOST_CONTROL_FD", "3")))
-    np = sys.modules.get("numpy")
-    if np is not None:  # a cold rank seeds numpy's global generator from the OS: so does this one
-        try:
-            np.random.seed()
-        except Exception:
-            pass
+    fresh_process_state()
     bootstrap = sys.modules["_airhost_bootstrap"]
     bootstrap.install()
 
@@ -517,6 +666,10 @@ def run_child(job):
     if kind in ("function-script", "function-module", "pickled"):
         sys.argv = [("-c" if kind == "pickled" else target), *args]
         sys.orig_argv = list(sys.argv)
+        # A function rank ends as a cold one does (runtime/interpreter.cpp): exit_quickly, then
+        # _exit, not a full finalization that tears torch down for a second or more of CPU
+        # while the caller waits for the run to end. A script ends as `python` would.
+        job["quick_exit"] = True
         return bootstrap.run_function(kind, target, opts["function"], opts["result-format"])
 
     import __main__

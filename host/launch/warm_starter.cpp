@@ -2,7 +2,9 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -12,7 +14,9 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <system_error>
 
 #include "airhost/launch.hpp"
@@ -57,6 +61,51 @@ bool read_frame(int fd, FrameDecoder& decoder, Frame& out, int timeout_ms = kRep
 }
 
 int to_int(const std::string& s) { return s.empty() ? 0 : std::atoi(s.c_str()); }
+
+std::string read_text(const char* path) {
+  std::ifstream in(path);
+  std::stringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+// What a process inherits from its parent besides the environment, and a cold rank so from
+// this host: umask, CPU affinity, resource limits, nice value. A forked rank has the
+// server's instead, so the server refuses a launch whose differ (runtime/warm.py computes
+// the same strings for itself). Read, never changed: umask(2) would have to set it to read
+// it, racing the caller's other threads; /proc/self/status shows it. Not the cgroup: every
+// ssh login is a cgroup (a systemd scope) of its own, so comparing it would refuse nearly
+// every launch from another terminal; a warm rank is in the server's (README says so).
+Fields process_attributes() {
+  Fields f;
+  const std::string status = read_text("/proc/self/status");
+  if (auto at = status.find("\nUmask:"); at != std::string::npos) {
+    std::istringstream line(status.substr(at + 7));
+    std::string value;
+    line >> value;
+    f["umask"] = value;
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+    std::string cpus;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+      if (CPU_ISSET(cpu, &set)) cpus += (cpus.empty() ? "" : ",") + std::to_string(cpu);
+    f["affinity"] = cpus;
+  }
+  std::string limits;
+  for (int r = 0; r < RLIMIT_NLIMITS; ++r) {
+    rlimit rl{};
+    if (::getrlimit(static_cast<__rlimit_resource>(r), &rl) != 0) continue;
+    auto text = [](rlim_t v) { return v == RLIM_INFINITY ? std::string("inf") : std::to_string(v); };
+    limits += (limits.empty() ? "" : ",") + std::to_string(r) + "=" + text(rl.rlim_cur) + ":" + text(rl.rlim_max);
+  }
+  f["rlimits"] = limits;
+  errno = 0;
+  const int nice = ::getpriority(PRIO_PROCESS, 0);
+  if (errno == 0) f["nice"] = std::to_string(nice);
+  return f;
+}
 
 class WarmStarter final : public RankStarter {
   struct Child {
@@ -237,7 +286,10 @@ int warm_connect(const std::string& path) {
 
 WarmServerInfo warm_hello(int fd, const std::vector<std::string>& rank_env) {
   Fields hello;
-  if (!rank_env.empty()) hello["env"] = join(rank_env);
+  if (!rank_env.empty()) {  // a launch (not `warm status`): the server checks it can serve it
+    hello = process_attributes();
+    hello["env"] = join(rank_env);
+  }
   FrameDecoder decoder;
   Frame f;
   try {

@@ -7,11 +7,15 @@
 //
 // Protocol: frames of the control channel's codec (frames.hpp), payloads are fields.
 //
-//   host → server  HELLO     env (the rank environment, NUL-separated KEY=VALUE)
+//   host → server  HELLO     env (the rank environment, NUL-separated KEY=VALUE), and what
+//                            else a cold rank would inherit from this host: umask, affinity
+//                            (CPU list), rlimits (resource=soft:hard,...), nice; none of
+//                            it for `warm status`
 //   server → host  READY     pid, python, version, preload, modules, uptime, ranks
 //                  REFUSED   reason: not safe to fork now (threads, CUDA, a denied module),
-//                            an interpreter-start variable differs (PYTHONPATH...), or a
-//                            preloaded source changed (then the server retires)
+//                            an interpreter-start variable differs (PYTHONPATH...), an
+//                            inherited attribute differs (umask...), or a preloaded source
+//                            changed (then the server retires)
 //   host → server  START     rank, argv, env, cwd, + SCM_RIGHTS: the rank's stdout, stderr
 //                            and control channel (they become its fds 1, 2 and 3)
 //   server → host  STARTED   rank, pid (sent once the rank leads its own session)

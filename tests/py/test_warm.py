@@ -5,6 +5,7 @@ puts the socket in the test's tmp_path; the fixture stops the server at the end 
 suite's no_process_outlives_the_test checks that nothing of it is left."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -238,12 +239,54 @@ def test_a_changed_preloaded_source_is_never_served_stale(airhost, warm, tmp_pat
     wait_for(lambda: not is_running(server), 10, "the stale server to retire")
 
 
-def test_an_interpreter_start_variable_that_differs_means_cold(airhost, warm):
+@pytest.mark.parametrize("name, value", [
+    ("PYTHONPATH", "/nonexistent"),  # sys.path, made at interpreter start
+    ("LC_ALL", "C" if os.environ.get("LC_ALL") != "C" else "C.UTF-8"),  # the locale: stdio's encoding
+    ("TORCH_LOGS", "+dynamo"),       # read by `import torch`, which the server has done
+])
+def test_an_interpreter_start_variable_that_differs_means_cold(airhost, warm, name, value):
     warm.start("--preload", "none")
     write(airhost.work / "hi.py", "print('hi')\n")
-    run = airhost("hi.py", "-n", "1", env={"PYTHONPATH": "/nonexistent"})
+    run = airhost("hi.py", "-n", "1", env={name: value})
     run.assert_rc(0)
-    assert "PYTHONPATH" in run.err and "cold start" in run.err
+    assert f"the warm server was started with {name}=" in run.err and "cold start" in run.err
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _inherited_attribute_cases():
+    import resource
+    import shutil
+
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    cases = [
+        ("umask", f"umask {'022' if _umask() == 0o077 else '077'}; exec", "umask"),
+        ("rlimit", f"ulimit -S -n {soft - 1}; exec", "RLIMIT_NOFILE limit"),
+        ("nice", "exec nice -n 3", "nice value"),
+    ]
+    if len(os.sched_getaffinity(0)) > 1 and shutil.which("taskset"):
+        cases.append(("affinity", f"exec taskset -c {min(os.sched_getaffinity(0))}", "CPU affinity"))
+    return cases
+
+
+@pytest.mark.parametrize("case, prefix, why", _inherited_attribute_cases(), ids=lambda x: x if " " not in x else "")
+def test_a_launch_whose_inherited_attributes_differ_from_the_servers_starts_cold(airhost, warm, tmp_path,
+                                                                                 case, prefix, why):
+    # A cold rank inherits the host's umask, CPU affinity, resource limits and nice value; a
+    # forked one would have the server's.
+    server = warm.start("--preload", "none")
+    write(airhost.work / "hi.py", "print('hi')\n")
+    env = airhost.env(tmp_path / f"runs-{case}")
+    r = subprocess.run(["sh", "-c", f"{prefix} {airhost.binary} hi.py -n 1"], env=env, cwd=airhost.work,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "airhost: cold start (warm server refused: " in r.stderr and why in r.stderr, r.stderr
+    same = airhost("hi.py", "-n", "1")  # from where the server was started: warm
+    assert f"warm start (server pid {server}" in same.err, same.err
 
 
 def test_a_stale_socket_is_ignored_then_replaced(airhost, warm, tmp_path):
@@ -309,3 +352,129 @@ def test_the_python_api_reuses_one_warm_server_across_calls(tmp_path):
         assert all(ppid == server for _, ppid, _ in call)
         assert len({pid for pid, _, _ in call}) == 2
     assert not is_running(server), "the warm server outlived its caller"
+
+
+# ---- warm ranks are cold ranks: random streams -------------------------------------------
+#
+# A forked rank must not continue the server's random streams: unseeded draws differ across
+# ranks and runs as after a cold start, and seeded draws are the cold ones.
+
+DRAWS = """
+import json, multiprocessing, os, random
+import numpy as np
+import torch
+import holds_rngs
+
+def draws():
+    unseeded = {"torch": torch.rand(1).item(), "torch_initial_seed": torch.initial_seed(),
+                "numpy": float(np.random.rand()), "random": random.random(),
+                "module_unseeded_random": holds_rngs.UNSEEDED.random(),
+                "mp_authkey": multiprocessing.current_process().authkey.hex()}
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
+    seeded = {"torch": torch.rand(3).tolist(), "torch_initial_seed": torch.initial_seed(),
+              "torch_generator": torch.randn(2, generator=torch.Generator().manual_seed(1)).tolist(),
+              "numpy": np.random.rand(3).tolist(), "random": [random.random() for _ in range(3)],
+              "module_seeded_random": holds_rngs.SEEDED.random()}
+    return {"rank": int(os.environ["RANK"]), "pid": os.getpid(), "ppid": os.getppid(),
+            "unseeded": unseeded, "seeded": seeded}
+"""
+
+HOLDS_RNGS = """
+import random
+UNSEEDED = random.Random()  # from the OS, in a fresh interpreter
+SEEDED = random.Random(42)
+"""
+
+
+def assert_fresh_streams(warm_draws, cold_draws):
+    """Every unseeded draw differs across all warm ranks and runs; every seeded one is the
+    cold run's."""
+    for key in warm_draws[0]["unseeded"]:
+        values = [d["unseeded"][key] for d in warm_draws]
+        assert len(set(values)) == len(values), f"unseeded {key} repeats across warm ranks and runs: {values}"
+    want = cold_draws[0]["seeded"]
+    assert all(d["seeded"] == want for d in cold_draws)
+    for d in warm_draws:
+        assert d["seeded"] == want, (d["rank"], d["seeded"], want)
+
+
+def test_warm_ranks_draw_fresh_random_streams_and_seeded_draws_equal_cold(airhost, warm, tmp_path):
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    write(mods / "holds_rngs.py", HOLDS_RNGS)
+    write(mods / "draws.py", DRAWS)
+    write(airhost.work / "draw.py", """
+        import json
+        from draws import draws
+        print("DRAWS " + json.dumps(draws()), flush=True)
+    """)
+    env = {"PYTHONPATH": str(mods)}
+    warm.env = env
+    server = warm.start("--preload", "torch,numpy.random,holds_rngs")  # numpy.random: reseeded in the rank
+
+    def run_draws(*flags):
+        run = airhost(*flags, "draw.py", "-n", "2", env=env)
+        run.assert_rc(0)
+        got = [json.loads(line.split("DRAWS ", 1)[1]) for line in run.out.splitlines() if "DRAWS " in line]
+        assert sorted(d["rank"] for d in got) == [0, 1], run.out
+        return run, got
+
+    warm_draws = []
+    for _ in range(3):
+        run, got = run_draws()
+        assert f"warm start (server pid {server}" in run.err, run.err
+        assert all(d["ppid"] == server for d in got)
+        warm_draws += got
+    cold_run, cold_draws = run_draws("--cold")
+    assert "warm start" not in cold_run.err
+    assert_fresh_streams(warm_draws, cold_draws)
+
+
+def test_a_warm_rank_takes_the_time_zone_of_its_launch(airhost, warm):
+    # `time` reads TZ when it is imported, in the server; a POSIX TZ string needs no tzdata.
+    warm.start("--preload", "torch")
+    write(airhost.work / "tz.py", "import time; print('TZ', time.tzname[0], time.timezone)\n")
+    run = airhost("tz.py", "-n", "1", env={"TZ": "XYZ-5"})
+    run.assert_rc(0)
+    assert "warm start (server pid" in run.err
+    assert "TZ XYZ -18000" in run.out, run.out
+
+
+API_DRAWS = """
+import json, os, sys
+sys.path.insert(0, os.environ["DRAWS_DIR"])
+from airhost import distributed, _api
+from draws import draws
+
+fn = distributed(num_accelerators=2)(draws)
+calls = [fn.distributed()]
+server = _api.warm_server(wait=120)
+assert server is not None and server.ready(), "no warm server"
+calls += [fn.distributed() for _ in range(3)]
+print("SERVER", server.pid)
+print("CALLS", json.dumps(calls))
+"""
+
+
+def test_the_python_apis_warm_calls_draw_fresh_random_streams_and_seeded_draws_equal_cold(tmp_path):
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    write(mods / "holds_rngs.py", HOLDS_RNGS)
+    write(mods / "draws.py", DRAWS)
+    script = write(tmp_path / "api.py", API_DRAWS)
+    env = dict(os.environ, AIRHOST_RUNS_DIR=str(tmp_path / "runs"), AIRHOST_TRACKING="0", AIRHOST_WARM="1",
+               AIRHOST_PRELOAD="torch,holds_rngs", PYTHONPATH=str(mods), DRAWS_DIR=str(mods),
+               AIRHOST_TEST_MARK=str(tmp_path) + os.sep)
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.split(" ")[0].isupper())
+    server = int(out["SERVER"])
+    cold, *warm_calls = json.loads(out["CALLS"])
+    assert all(d["ppid"] != server for d in cold), "the first call starts cold"
+    for call in warm_calls:
+        assert [d["rank"] for d in call] == [0, 1]
+        assert all(d["ppid"] == server for d in call), "a later call forks from the warm server"
+    assert_fresh_streams([d for call in warm_calls for d in call], cold)

@@ -106,8 +106,11 @@ class Tracking:
             run = client.create_run(experiment_id, tags=tags, run_name=self.run_name)
             self.run_id, self._client = run.info.run_id, client
             try:
-                for k, v in self.params.items():
-                    client.log_param(self.run_id, k, str(v))
+                # One write for all (a transaction each on SQLite otherwise): this runs beside
+                # the ranks' start, on every call.
+                from mlflow.entities import Param
+
+                client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in self.params.items()])
             except Exception as e:  # params are a nicety; the run itself matters
                 print(f"airhost: could not log parameters to MLflow: {e}", file=self._out)
             uri = mlflow.get_tracking_uri()
