@@ -53,8 +53,11 @@ std::optional<Frame> FrameDecoder::next() {
   if (pending() < kFrameHeaderSize) return std::nullopt;
   const char* head = buffer_.data() + consumed_;
   if (get_le<std::uint32_t>(head) != kFrameMagic)
-    throw FrameError("control channel corrupted: bad frame magic");
+    throw FrameError(channel_ + " corrupted: bad frame magic");
   const auto length = get_le<std::uint64_t>(head + 8);
+  if (length > max_length_)
+    throw FrameError(channel_ + " corrupted: a frame of " + std::to_string(length) + " bytes, over the cap of " +
+                     std::to_string(max_length_));
   if (pending() - kFrameHeaderSize < length) {
     buffer_.reserve(consumed_ + kFrameHeaderSize + length);  // one allocation for a big payload
     return std::nullopt;

@@ -8,14 +8,15 @@
 //   offset 4  u16 kind   FrameKind below; a reader skips kinds it does not know, so new
 //                        kinds (heartbeat, metrics, checkpoint notices) need no version bump
 //   offset 6  u16 flags  reserved, 0
-//   offset 8  u64 length payload size; bounded only by memory, the stream is drained as
-//                        it arrives, so no payload has to fit a pipe buffer
+//   offset 8  u64 length payload size; the stream is drained as it arrives, so no payload
+//                        has to fit a pipe buffer; a reader may cap it (FrameDecoder)
 //
 // All integers are little-endian. Structured payloads (errors) are a list of fields, each
 // `u32 name length, name, u64 value length, value`, so fields can be added freely too.
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -59,13 +60,21 @@ inline std::string encode_frame(FrameKind kind, std::string_view payload) {
 // Incremental decoder: feed() whatever bytes arrived, then pop complete frames.
 class FrameDecoder {
  public:
-  // Throws FrameError on a bad magic: the stream is then unusable.
+  // `channel` names the stream in errors ("node link corrupted: ..."); a header announcing
+  // more than `max_length` payload bytes is an error before anything is reserved for it, so
+  // a peer that is not airhost (or a corrupted stream) cannot make the reader allocate.
+  explicit FrameDecoder(std::string channel = "control channel",
+                        std::uint64_t max_length = std::numeric_limits<std::uint64_t>::max())
+      : channel_(std::move(channel)), max_length_(max_length) {}
   void feed(std::string_view bytes);
+  // Throws FrameError on a bad magic or a length over the cap: the stream is then unusable.
   std::optional<Frame> next();
   // Bytes of a frame still incomplete (non-zero at EOF means a truncated frame).
   std::size_t pending() const noexcept { return buffer_.size() - consumed_; }
 
  private:
+  std::string channel_;
+  std::uint64_t max_length_;
   std::string buffer_;
   std::size_t consumed_ = 0;
 };

@@ -46,6 +46,18 @@ TEST_CASE("a stream that is not airhost frames is reported as corrupted") {
   CHECK_THROWS_AS(d.next(), FrameError);
 }
 
+TEST_CASE("a decoder with a cap refuses a longer frame from its header alone, naming its channel") {
+  FrameDecoder d("node link", 1024);
+  d.feed(encode_frame(FrameKind::result, std::string(1024, 'x')));
+  REQUIRE(d.next().has_value());  // at the cap: fine
+  d.feed(encode_frame_header(2, 1ull << 62));  // no payload sent: nothing may be reserved for it
+  CHECK_THROWS_WITH_AS(d.next(), "node link corrupted: a frame of 4611686018427387904 bytes, over the cap of 1024",
+                       FrameError);
+  FrameDecoder plain;
+  plain.feed("not a frame header at all");
+  CHECK_THROWS_WITH_AS(plain.next(), "control channel corrupted: bad frame magic", FrameError);
+}
+
 TEST_CASE("the header says little-endian magic, kind, flags and length") {
   std::string h = encode_frame_header(3, 0x0102030405ull);
   REQUIRE(h.size() == kFrameHeaderSize);
