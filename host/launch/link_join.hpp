@@ -22,7 +22,9 @@ struct NodeLinkConfig {
   int master_port = 0;                   // where node 0's airhost listens, then rank 0's store
   std::chrono::milliseconds node_timeout{30000};  // silence after which a node is lost
   std::chrono::milliseconds join_timeout{600000}; // how long the join may take
-  std::chrono::milliseconds heartbeat{1000};      // 0 = min(1 s, node_timeout / 3)
+  // Every how often a node says it is alive; 0: node_timeout / 3, between 0.1 and 1 s, so
+  // that two heartbeats can go missing before a node is taken for silent.
+  std::chrono::milliseconds heartbeat{0};
   bool say = true;                        // progress lines ("waiting for node 0") on stderr
 };
 

@@ -289,8 +289,12 @@ struct NodeLink::Impl {
         const short events = gone ? (p.conn.output_pending() ? POLLOUT : 0) : p.conn.poll_events();
         fds.push_back(pollfd{events ? p.conn.fd() : -1, events, 0});  // poll skips -1
       }
+      // Awake for the next heartbeat, and for the moment the quietest peer passes node_timeout.
+      auto wake_at = next_beat;
+      for (auto& p : peers)
+        if (p.conn.is_open() && !is_gone(p)) wake_at = std::min(wake_at, p.last_rx + cfg.node_timeout + milliseconds(1));
       now = Clock::now();
-      const auto wait = std::chrono::duration_cast<milliseconds>(next_beat - now).count();
+      const auto wait = std::chrono::duration_cast<milliseconds>(wake_at - now).count();
       if (::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(wait, 1, 1000))) < 0 && errno != EINTR)
         throw std::system_error(errno, std::generic_category(), "node link: poll");
       if (fds[0].revents) {
