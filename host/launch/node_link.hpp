@@ -46,7 +46,7 @@ class NodeLink {
   // disagree, node 0's port is taken or the address does not resolve (exit 2), NodeJoinError
   // when a node is missing at the deadline or `cancelled()` turns true (polled).
   static std::unique_ptr<NodeLink> join(const NodeLinkConfig& config, const std::function<bool()>& cancelled);
-  ~NodeLink();  // sends what is queued, closes every connection, stops the thread
+  ~NodeLink();  // gives what is queued 1 s in all to leave, stops the thread, closes every connection
   NodeLink(const NodeLink&) = delete;
   NodeLink& operator=(const NodeLink&) = delete;
 
