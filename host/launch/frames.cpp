@@ -53,12 +53,11 @@ std::optional<Frame> FrameDecoder::next() {
   if (pending() < kFrameHeaderSize) return std::nullopt;
   const char* head = buffer_.data() + consumed_;
   if (get_le<std::uint32_t>(head) != kFrameMagic)
-    throw FrameError("control channel corrupted: bad frame magic");
+    throw FrameError(channel_ + " corrupted: bad frame magic");
   const auto length = get_le<std::uint64_t>(head + 8);
-  if (length > max_payload_)
-    throw FrameError("control channel corrupted: a frame announces " + std::to_string(length) +
-                     " bytes, over the cap of " + std::to_string(max_payload_) +
-                     " (a stray write into the control descriptor?)");
+  if (length > max_length_)
+    throw FrameError(channel_ + " corrupted: a frame announces " + std::to_string(length) + " bytes, over the cap of " +
+                     std::to_string(max_length_) + " (a stray write into its descriptor?)");
   if (pending() - kFrameHeaderSize < length) {
     buffer_.reserve(consumed_ + kFrameHeaderSize + length);  // one allocation for a big payload
     return std::nullopt;

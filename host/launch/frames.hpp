@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -66,16 +67,21 @@ inline std::string encode_frame(FrameKind kind, std::string_view payload) {
 // Incremental decoder: feed() whatever bytes arrived, then pop complete frames.
 class FrameDecoder {
  public:
-  explicit FrameDecoder(std::uint64_t max_payload = kMaxFramePayload) : max_payload_(max_payload) {}
-  // feed() and next() throw FrameError on a bad magic or a length over the cap: the stream is
-  // then unusable.
+  // `channel` names the stream in errors ("node link corrupted: ..."); a header announcing
+  // more than `max_length` payload bytes is an error before anything is reserved for it, so
+  // a stray write, a corrupted stream or a peer that is not airhost cannot make the reader
+  // ask for 2^62 bytes.
+  explicit FrameDecoder(std::string channel = "control channel", std::uint64_t max_length = kMaxFramePayload)
+      : channel_(std::move(channel)), max_length_(max_length) {}
   void feed(std::string_view bytes);
+  // Throws FrameError on a bad magic or a length over the cap: the stream is then unusable.
   std::optional<Frame> next();
   // Bytes of a frame still incomplete (non-zero at EOF means a truncated frame).
   std::size_t pending() const noexcept { return buffer_.size() - consumed_; }
 
  private:
-  std::uint64_t max_payload_;
+  std::string channel_;
+  std::uint64_t max_length_;
   std::string buffer_;
   std::size_t consumed_ = 0;
 };

@@ -1,27 +1,19 @@
-// node_link.cpp — see node_link.hpp for the protocol.
+// node_link.cpp — the link's thread: its poll loop, heartbeats and the public calls (see
+// node_link.hpp for the protocol; the wire, the join and the agreement have files of their own).
 #include "launch/node_link.hpp"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
-#include <sys/socket.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
-#include <cstdint>
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
-#include <cstdio>
-#include <cstring>
 #include <mutex>
-#include <set>
+#include <system_error>
 #include <thread>
-
-#include "airhost/launcher.hpp"
-#include "launch/frames.hpp"
 
 namespace airhost::detail {
 namespace {
@@ -29,24 +21,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// No link frame is anywhere near this: a larger length means the peer is not an airhost.
-constexpr std::size_t kMaxLinkFrame = 64 * 1024;
-// An accepted connection must say hello within this, or it is dropped (a port scanner, a
-// stray client of a previous run's store).
-constexpr auto kHelloWait = std::chrono::seconds(10);
-
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return "unknown";
-  return buf;
-}
-
-std::string seconds_text(milliseconds ms) {
-  char buf[32];
-  if (ms.count() % 1000 == 0) std::snprintf(buf, sizeof buf, "%lld s", static_cast<long long>(ms.count() / 1000));
-  else std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(ms.count()) / 1000);
-  return buf;
-}
+// When the link is destroyed: how long this node's last frames (its report, node 0's "end")
+// may take to leave, all connections together, before the connections close anyway.
+constexpr auto kLastWords = std::chrono::seconds(1);
 
 int to_int(const std::string& s, int fallback) {
   try {
@@ -56,217 +33,49 @@ int to_int(const std::string& s, int fallback) {
   }
 }
 
-std::string frame(LinkKind kind, const Fields& fields = {}) {
-  return encode_frame(static_cast<std::uint16_t>(kind), encode_fields(fields));
-}
-
-// One complete frame off the front of `in`, if there is one. Throws FrameError on bytes
-// that are not link frames.
-std::optional<Frame> pop_frame(std::string& in) {
-  if (in.size() < kFrameHeaderSize) return std::nullopt;
-  auto le = [&](std::size_t at, std::size_t n) {
-    std::uint64_t v = 0;
-    for (std::size_t i = 0; i < n; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
-    return v;
-  };
-  if (le(0, 4) != kFrameMagic) throw FrameError("not an airhost node link frame");
-  const std::uint64_t length = le(8, 8);
-  if (length > kMaxLinkFrame) throw FrameError("node link frame too long");
-  if (in.size() < kFrameHeaderSize + length) return std::nullopt;
-  Frame f;
-  f.kind = static_cast<std::uint16_t>(le(4, 2));
-  f.payload = in.substr(kFrameHeaderSize, length);
-  in.erase(0, kFrameHeaderSize + length);
-  return f;
-}
-
-void set_socket_options(int fd) {
-  int on = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);
-  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-}
-
-// Sends all of `data` on a non-blocking socket, waiting up to a second for room: link frames
-// are tiny, so a socket with no room for one belongs to a node that stopped reading.
-bool send_all(int fd, std::string_view data) {
-  const auto deadline = Clock::now() + std::chrono::seconds(1);
-  while (!data.empty()) {
-    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      data.remove_prefix(static_cast<std::size_t>(n));
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && Clock::now() < deadline) {
-      pollfd p{fd, POLLOUT, 0};
-      ::poll(&p, 1, 100);
-      continue;
-    }
-    return false;
-  }
-  return true;
-}
-
-// Reads what is there. 1: data or nothing yet; 0: the other end closed; -1: an error.
-int read_into(int fd, std::string& in) {
-  char buf[4096];
-  for (;;) {
-    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (n > 0) {
-      in.append(buf, static_cast<std::size_t>(n));
-      if (in.size() > 4 * kMaxLinkFrame) return -1;
-      continue;
-    }
-    if (n == 0) return 0;
-    if (errno == EINTR) continue;
-    return errno == EAGAIN || errno == EWOULDBLOCK ? 1 : -1;
-  }
-}
-
-std::string peer_address(const sockaddr_storage& sa) {
-  char buf[INET6_ADDRSTRLEN] = {};
-  if (sa.ss_family == AF_INET)
-    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(sa).sin_addr, buf, sizeof buf);
-  else if (sa.ss_family == AF_INET6) {
-    const auto& a6 = reinterpret_cast<const sockaddr_in6&>(sa).sin6_addr;
-    if (IN6_IS_ADDR_V4MAPPED(&a6)) ::inet_ntop(AF_INET, &a6.s6_addr[12], buf, sizeof buf);
-    else ::inet_ntop(AF_INET6, &a6, buf, sizeof buf);
-  }
-  return buf[0] ? buf : "?";
-}
-
-void close_fd(int& fd) {
-  if (fd >= 0) ::close(fd);
-  fd = -1;
-}
-
-// Closes a connection without losing what was sent on it: unread input would turn the close
-// into a reset, which can make the other end drop our last frames unread.
-void close_gently(int& fd) {
-  if (fd < 0) return;
-  ::shutdown(fd, SHUT_WR);
-  std::string sink;
-  read_into(fd, sink);
-  close_fd(fd);
-}
-
-void say(const NodeLinkConfig& cfg, const std::string& line) {
-  if (cfg.say) std::fprintf(stderr, "airhost: node %d of %d: %s\n", cfg.node_rank, cfg.nnodes, line.c_str());
-}
-
-std::string join_list(const std::vector<std::string>& items) {
-  std::string out;
-  for (std::size_t i = 0; i < items.size(); ++i)
-    out += (i == 0 ? "" : i + 1 == items.size() ? " and " : ", ") + items[i];
-  return out;
+// Every signal but the faults: those stay deliverable, since a fault raised on this thread
+// while blocked ends the process without the host's crash handling.
+sigset_t signals_blocked_in_link_thread() {
+  sigset_t set;
+  sigfillset(&set);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS}) sigdelset(&set, sig);
+  return set;
 }
 
 }  // namespace
 
-// ---- codec and checks ---------------------------------------------------------------------
-
-std::string encode_hello(const NodeHello& h) {
-  return encode_fields({{"version", std::to_string(h.version)},
-                        {"node_rank", std::to_string(h.node_rank)},
-                        {"nnodes", std::to_string(h.nnodes)},
-                        {"nprocs", std::to_string(h.nprocs)},
-                        {"host", h.host}});
-}
-
-NodeHello decode_hello(std::string_view payload) {
-  auto f = decode_fields(payload);
-  if (!f.count("version") || !f.count("node_rank"))
-    throw FrameError("a node link hello needs at least a version and a node rank");
-  NodeHello h;
-  h.version = to_int(f["version"], -1);
-  h.node_rank = to_int(f["node_rank"], -1);
-  h.nnodes = to_int(f["nnodes"], -1);
-  h.nprocs = to_int(f["nprocs"], -1);
-  h.host = f["host"].empty() ? "unknown" : f["host"];
-  return h;
-}
-
-std::string describe_node(const NodeHello& n) {
-  std::string s = "node " + std::to_string(n.node_rank) + " (" + n.host;
-  if (!n.address.empty() && n.address != n.host) s += ", " + n.address;
-  return s + ")";
-}
-
-std::string check_nodes(const NodeHello& self, const std::vector<NodeHello>& peers) {
-  auto named = [](const NodeHello& n) {  // a node whose rank may be the problem
-    return n.host + (n.address.empty() || n.address == n.host ? "" : " (" + n.address + ")");
-  };
-  for (const auto& p : peers)
-    if (p.version != self.version)
-      return "the node on " + named(p) + " speaks node link protocol " + std::to_string(p.version) + ", " +
-             describe_node(self) + " speaks " + std::to_string(self.version) +
-             "; install the same airhost version on every node";
-  for (const auto& p : peers)
-    if (p.nnodes != self.nnodes)
-      return "the nodes disagree on the number of nodes: " + describe_node(self) + " was given --nnodes " +
-             std::to_string(self.nnodes) + ", the node on " + named(p) + " --nnodes " + std::to_string(p.nnodes) +
-             "; give every node the same --nnodes";
-  for (const auto& p : peers) {
-    if (p.node_rank == 0)
-      return "two nodes were given --node-rank 0: " + named(self) + " and " + named(p) +
-             "; node 0 is the one at --master-addr, give the others 1.." + std::to_string(self.nnodes - 1);
-    if (p.node_rank < 0 || p.node_rank >= self.nnodes)
-      return "the node on " + named(p) + " was given --node-rank " + std::to_string(p.node_rank) + ", but the job has " +
-             std::to_string(self.nnodes) + " nodes (node ranks 0.." + std::to_string(self.nnodes - 1) + ")";
-  }
-  for (std::size_t i = 0; i < peers.size(); ++i)
-    for (std::size_t j = i + 1; j < peers.size(); ++j)
-      if (peers[i].node_rank == peers[j].node_rank)
-        return "two nodes were given --node-rank " + std::to_string(peers[i].node_rank) + ": " + named(peers[i]) +
-               " and " + named(peers[j]) + "; give each node its own --node-rank";
-  for (const auto& p : peers)
-    if (p.nprocs != self.nprocs)
-      return "the nodes disagree on the ranks per node: " + describe_node(self) + " runs " +
-             std::to_string(self.nprocs) + ", " + describe_node(p) + " runs " + std::to_string(p.nprocs) +
-             "; every node must run the same number (-n/--accelerators), since WORLD_SIZE = nnodes x ranks per node";
-  return {};
-}
-
-std::string resolve_problem(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
-  if (res) ::freeaddrinfo(res);
-  if (rc == 0 || rc == EAI_AGAIN) return {};
-  return rc == EAI_SYSTEM ? std::strerror(errno) : ::gai_strerror(rc);
-}
-
-// ---- the link ------------------------------------------------------------------------------
-
 struct NodeLink::Impl {
-  struct Conn {
-    int fd = -1;
-    NodeHello node;           // who is at the other end
-    std::string in;           // bytes not yet a whole frame
+  // The node at the other end of a connection, as the loop sees it.
+  struct Peer {
+    NodeHello node;
+    LinkConnection conn;      // owns the socket; closed when the node leaves or the link ends
+    std::uint64_t heard = 0;  // conn.bytes_received() when last looked at
     Clock::time_point last_rx;
-    bool said_down = false;   // it reported its own teardown: its close is expected
-    bool done = false;        // its ranks all succeeded
-    bool gone = false;        // lost: no longer read or timed, but still told why we stop
   };
+
+  Impl(const NodeLinkConfig& config, JoinedGroup joined) : cfg(config), group(config.nnodes, config.node_rank) {
+    nodes = std::move(joined.nodes);
+    for (auto& p : joined.peers) peers.push_back({std::move(p.node), std::move(p.conn), 0, Clock::now()});
+  }
 
   NodeLinkConfig cfg;
   milliseconds heartbeat{1000};
   std::vector<NodeHello> nodes;
-  std::vector<Conn> conns;  // node 0: one per other node; another node: one, to node 0
+  std::vector<Peer> peers;  // node 0: one per other node; another node: one, to node 0
+  // Other threads wake the loop through this pipe (both ends ours: made in start(),
+  // close-on-exec so no rank inherits them, closed in ~Impl after the thread has ended).
   int wake[2] = {-1, -1};
   std::thread thread;
   std::function<void(const NodeDown&)> on_down;
+  // The attempt under way. Until restarts span nodes every report is of attempt 0; frames
+  // carry it anyway, so that a late report of an earlier attempt can be told apart.
+  const int attempt = 0;
 
-  mutable std::mutex m;  // guards what follows
+  mutable std::mutex m;  // guards what follows; `peers` belongs to the loop's thread alone
   std::condition_variable cv;
-  std::vector<std::string> outbox;  // frames for every connection
+  std::vector<std::string> outbox;  // frames for every peer, queued by other threads
   bool stop = false;
-  bool finishing = false;  // this node's ranks succeeded (node 0: it counts itself done)
-  bool ended = false;      // every node finished
-  std::set<int> heard;     // nodes reported down
-  std::optional<NodeDown> first_down, first_real;
-  bool all_quiet = false;  // every connection closed or reported its teardown
+  GroupState group;
 
   bool hub() const { return cfg.node_rank == 0; }
 
@@ -277,14 +86,16 @@ struct NodeLink::Impl {
     }
     poke();
     if (thread.joinable()) thread.join();
-    for (auto& c : conns) close_gently(c.fd);
-    close_fd(wake[0]);
-    close_fd(wake[1]);
+    else send_outbox_and_last_words();  // never started: this is the only thread left
+    for (auto& p : peers) p.conn.close_gently();
+    for (int fd : wake)
+      if (fd >= 0) ::close(fd);
   }
 
   void poke() {
     if (wake[1] >= 0) {
       const char b = 1;
+      // EAGAIN: the pipe is full of pokes already, so the loop wakes anyway.
       [[maybe_unused]] auto n = ::write(wake[1], &b, 1);
     }
   }
@@ -299,155 +110,218 @@ struct NodeLink::Impl {
 
   // ---- on the link's thread
 
-  void record(NodeDown d) {
+  bool is_gone(const Peer& p) const {
+    std::lock_guard lock(m);
+    return group.gone(p.node.node_rank);
+  }
+
+  std::string down_frame(int of_attempt, const NodeDown& d) const {
+    return link_frame(LinkKind::down, {{"node", std::to_string(d.node)},
+                                       {"message", d.message},
+                                       {"cascade", d.cascade ? "1" : "0"},
+                                       {"attempt", std::to_string(of_attempt)}});
+  }
+
+  // Queues `frame` for `p`. Never waits: a peer with no room left for it (it stopped reading)
+  // is lost here. A peer whose end is gone (`closed`) has its output dropped; its close is
+  // handled where it belongs, when the loop reads the end of its input (poll reports it as
+  // readable or hung up), so that what it said before going is read first.
+  void send_to(Peer& p, const std::string& frame) {
+    if (!p.conn.is_open()) return;
+    if (p.conn.send(frame) == LinkIo::full && !is_gone(p))
+      lost(p, "it stopped reading what this node sends (" + std::to_string(p.conn.output_pending() / 1024) +
+                  " KiB waiting for it, the most a node may fall behind is " +
+                  std::to_string(kLinkOutputCap / 1024) + " KiB)");
+  }
+
+  void send_outbox(const std::vector<std::string>& frames) {
+    for (const auto& f : frames)
+      for (auto& p : peers) send_to(p, f);
+  }
+
+  // The frames queued last, then up to kLastWords for every peer still listening to take them.
+  void send_outbox_and_last_words() {
+    std::vector<std::string> frames;
     {
       std::lock_guard lock(m);
-      if (heard.count(d.node)) return;
-      heard.insert(d.node);
-      if (!first_down) first_down = d;
-      if (!d.cascade && !first_real) first_real = d;
+      frames.swap(outbox);
     }
-    cv.notify_all();
-    if (on_down) on_down(d);
+    send_outbox(frames);
+    std::vector<LinkConnection*> listening;
+    for (auto& p : peers)
+      if (!is_gone(p)) listening.push_back(&p.conn);  // a lost node would only hold us up
+    flush_all(listening, Clock::now() + kLastWords);
   }
 
-  // Node 0 passes what it heard from or about one node to the others.
-  void relay(const NodeDown& d, const Conn* from) {
-    if (!hub()) return;
-    const std::string f =
-        frame(LinkKind::down, {{"node", std::to_string(d.node)}, {"message", d.message}, {"cascade", d.cascade ? "1" : "0"}});
-    for (auto& c : conns)
-      if (&c != from && c.fd >= 0) send_all(c.fd, f);
-  }
-
-  // A node that went silent or sent garbage keeps its connection, so that it still hears
-  // why this node stops should it be merely frozen; one that closed it has none left.
-  void lost(Conn& c, const std::string& why, bool closed) {
-    NodeDown d{c.node.node_rank, describe_node(c.node) + " was lost: " + why, false};
-    c.gone = true;
-    if (closed) close_fd(c.fd);
-    relay(d, &c);
-    record(d);
-  }
-
-  void update_quiet() {
-    bool quiet = true;
-    for (auto& c : conns) quiet &= c.fd < 0 || c.gone || c.said_down;
+  // A report of `d` in `of_attempt`, heard on `from`'s connection (the node itself, node 0
+  // relaying, or this node's own finding). The first report of a node is passed on: node 0
+  // relays it to the other nodes, and the launcher hears it through on_down.
+  void report(int of_attempt, const NodeDown& d, int from, const Peer* came_on) {
+    bool fresh;
     {
       std::lock_guard lock(m);
-      all_quiet = quiet;
+      fresh = group.report_down(of_attempt, d, from);
     }
     cv.notify_all();
+    if (!fresh) return;
+    if (hub()) {
+      const std::string f = down_frame(of_attempt, d);
+      for (auto& p : peers)
+        if (&p != came_on) send_to(p, f);
+    }
+    if (of_attempt == attempt && on_down) on_down(d);
+  }
+
+  // A node that went silent, sent garbage or stopped reading keeps its connection, so that it
+  // still hears why this node stops should it merely be frozen; one whose connection closed
+  // has none left.
+  void lost(Peer& p, const std::string& why, bool closed = false) {
+    if (closed) p.conn.close();
+    {
+      std::lock_guard lock(m);
+      group.connection_gone(p.node.node_rank);
+    }
+    report(attempt, NodeDown{p.node.node_rank, describe_node(p.node) + " was lost: " + why, false}, cfg.node_rank, &p);
   }
 
   // Node 0: when it and every other node are done, it tells them all to end.
-  void check_all_done() {
-    if (!hub()) return;
+  void end_if_all_done() {
     {
       std::lock_guard lock(m);
-      if (!finishing || ended) return;
-    }
-    for (auto& c : conns)
-      if (!c.done) return;
-    for (auto& c : conns)
-      if (c.fd >= 0) send_all(c.fd, frame(LinkKind::end));
-    {
-      std::lock_guard lock(m);
-      ended = true;
+      if (!group.should_end(attempt)) return;
+      group.end(attempt);
     }
     cv.notify_all();
+    const std::string f = link_frame(LinkKind::end, {{"attempt", std::to_string(attempt)}});
+    for (auto& p : peers) send_to(p, f);
   }
 
-  void on_frame(Conn& c, const Frame& f) {
+  void on_frame(Peer& p, const Frame& f) {
+    const int from = p.node.node_rank;
     switch (static_cast<LinkKind>(f.kind)) {
       case LinkKind::down: {
         auto fields = decode_fields(f.payload);
         NodeDown d{to_int(fields["node"], -1), fields["message"], fields["cascade"] == "1"};
-        if (d.node == c.node.node_rank) c.said_down = true;
-        relay(d, &c);
-        record(d);
+        report(to_int(fields["attempt"], 0), d, from, &p);  // no attempt: a peer before attempts, so 0
         break;
       }
-      case LinkKind::done:
-        c.done = true;
-        check_all_done();
+      case LinkKind::done: {
+        std::lock_guard lock(m);
+        group.report_done(to_int(decode_fields(f.payload)["attempt"], 0), from);
         break;
+      }
       case LinkKind::end: {
         std::lock_guard lock(m);
-        ended = true;
+        group.end(to_int(decode_fields(f.payload)["attempt"], 0));
         break;
       }
       default:
-        break;  // heartbeats, and kinds of a later version
+        break;  // heartbeats (hearing anything is what counts), and kinds of a later version
     }
     cv.notify_all();
+    end_if_all_done();
   }
 
-  void on_closed(Conn& c) {
-    bool expected = c.said_down || c.done;
+  void on_closed(Peer& p) {
+    bool expected;
     {
       std::lock_guard lock(m);
-      expected |= ended;
+      expected = group.close_expected(attempt, p.node.node_rank);
+      if (expected) group.connection_gone(p.node.node_rank);
     }
-    if (expected) {
-      close_fd(c.fd);
-      check_all_done();
-      return;
+    if (!expected) return lost(p, "its connection closed (its airhost exited or was killed)", true);
+    p.conn.close();
+    cv.notify_all();
+    end_if_all_done();
+  }
+
+  // Takes what `p` sent: frames, then its close.
+  void read_from(Peer& p) {
+    const LinkIo got = p.conn.receive();
+    if (p.conn.bytes_received() != p.heard) {
+      p.heard = p.conn.bytes_received();
+      p.last_rx = Clock::now();
     }
-    lost(c, "its connection closed (its airhost exited or was killed)", true);
+    try {
+      while (auto f = p.conn.next_frame()) on_frame(p, *f);
+    } catch (const FrameError& e) {
+      return lost(p, std::string("it sent garbage (") + e.what() + ")");
+    }
+    if (got == LinkIo::closed) on_closed(p);
   }
 
   void loop() {
     auto next_beat = Clock::now();
     std::vector<pollfd> fds;
+    const std::string beat = link_frame(LinkKind::heartbeat);
     for (;;) {
-      std::vector<std::string> out;
+      std::vector<std::string> frames;
       bool stopping;
       {
         std::lock_guard lock(m);
-        out.swap(outbox);
+        frames.swap(outbox);
         stopping = stop;
       }
-      for (const auto& f : out)
-        for (auto& c : conns)
-          if (c.fd >= 0) send_all(c.fd, f);
-      if (stopping) return;
-      check_all_done();
+      send_outbox(frames);
+      if (stopping) return send_outbox_and_last_words();
+      end_if_all_done();
 
-      const auto now = Clock::now();
+      auto now = Clock::now();
       if (now >= next_beat) {
-        const std::string beat = frame(LinkKind::heartbeat);
-        for (auto& c : conns)
-          if (c.fd >= 0 && !c.gone) send_all(c.fd, beat);
+        for (auto& p : peers)
+          if (!is_gone(p)) send_to(p, beat);
         next_beat = now + heartbeat;
       }
-      for (auto& c : conns)
-        if (c.fd >= 0 && !c.gone && now - c.last_rx > cfg.node_timeout)
-          lost(c, "nothing heard from it for " + seconds_text(cfg.node_timeout) + " (node_timeout)", false);
-      update_quiet();
+      for (auto& p : peers) {
+        if (!p.conn.is_open() || is_gone(p) || now - p.last_rx <= cfg.node_timeout) continue;
+        // What waits unread is not silence: a node this host could not listen to (this process
+        // was stopped, or busy) may have spoken all along, maybe its last words.
+        read_from(p);
+        if (p.conn.is_open() && !is_gone(p) && Clock::now() - p.last_rx > cfg.node_timeout)
+          lost(p, "nothing heard from it for " + duration_text(cfg.node_timeout) + " (node_timeout)");
+      }
 
+      // Listening to every peer still in the group; writing to any with output waiting, lost
+      // or not (a frozen node may yet thaw and read why the others stopped).
       fds.assign(1, pollfd{wake[0], POLLIN, 0});
-      for (auto& c : conns) fds.push_back(pollfd{c.gone ? -1 : c.fd, POLLIN, 0});  // poll skips -1
-      const auto wait = std::chrono::duration_cast<milliseconds>(next_beat - Clock::now()).count();
-      ::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(wait, 1, 1000)));
+      for (auto& p : peers) {
+        const bool gone = is_gone(p);
+        const short events = gone ? (p.conn.output_pending() ? POLLOUT : 0) : p.conn.poll_events();
+        fds.push_back(pollfd{events ? p.conn.fd() : -1, events, 0});  // poll skips -1
+      }
+      // Awake for the next heartbeat, and for the moment the quietest peer passes node_timeout.
+      auto wake_at = next_beat;
+      for (auto& p : peers)
+        if (p.conn.is_open() && !is_gone(p)) wake_at = std::min(wake_at, p.last_rx + cfg.node_timeout + milliseconds(1));
+      now = Clock::now();
+      const auto wait = std::chrono::duration_cast<milliseconds>(wake_at - now).count();
+      if (::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(wait, 1, 1000))) < 0 && errno != EINTR)
+        throw std::system_error(errno, std::generic_category(), "node link: poll");
       if (fds[0].revents) {
         char buf[64];
         while (::read(wake[0], buf, sizeof buf) > 0) {
         }
       }
-      for (std::size_t i = 0; i < conns.size(); ++i) {
-        Conn& c = conns[i];
-        if (fds[i + 1].fd < 0 || !fds[i + 1].revents) continue;
-        const int rc = read_into(c.fd, c.in);
-        if (!c.in.empty()) c.last_rx = Clock::now();
-        try {
-          while (auto f = pop_frame(c.in)) on_frame(c, *f);
-        } catch (const FrameError& e) {
-          lost(c, std::string("it sent garbage (") + e.what() + ")", false);
-          continue;
-        }
-        if (rc <= 0) on_closed(c);
+      for (std::size_t i = 0; i < peers.size(); ++i) {
+        Peer& p = peers[i];
+        const short revents = fds[i + 1].fd < 0 ? 0 : fds[i + 1].revents;
+        if (!revents || !p.conn.is_open()) continue;
+        // A write error drops the output; the end of the connection is then read below, or,
+        // for a lost node, no longer polled.
+        if (p.conn.output_pending()) (void)p.conn.flush();
+        if (!is_gone(p) && (revents & (POLLIN | POLLHUP | POLLERR))) read_from(p);
       }
+    }
+  }
+
+  void run_loop() noexcept {
+    try {
+      loop();
+    } catch (const std::exception& e) {
+      // Only poll() failing gets here (EFAULT, ENOMEM): with no loop, the others cannot be
+      // watched, so this node reports itself lost to the launcher, which stops its ranks.
+      report(attempt, NodeDown{cfg.node_rank, "the node link of " + describe_node(nodes[static_cast<std::size_t>(cfg.node_rank)]) + " failed: " + e.what(), false},
+             cfg.node_rank, nullptr);
     }
   }
 };
@@ -461,430 +335,65 @@ void NodeLink::start(std::function<void(const NodeDown&)> on_down) {
   Impl& s = *impl_;
   s.on_down = std::move(on_down);
   if (::pipe2(s.wake, O_CLOEXEC | O_NONBLOCK) < 0)
-    throw std::system_error(errno, std::generic_category(), "pipe");
-  for (auto& c : s.conns) c.last_rx = Clock::now();
-  s.thread = std::thread([&s] { s.loop(); });
+    throw std::system_error(errno, std::generic_category(), "node link: pipe");
+  for (auto& p : s.peers) p.last_rx = Clock::now();
+  // The thread inherits the mask of the thread that makes it: block everything the host
+  // handles for the moment of its creation, so that a SIGINT, SIGTERM or SIGCHLD is never
+  // delivered to the link (where it would interrupt a poll and nothing else), only to a
+  // thread of the host's, whose loop acts on it.
+  const sigset_t blocked = signals_blocked_in_link_thread();
+  sigset_t previous;
+  if (const int rc = ::pthread_sigmask(SIG_BLOCK, &blocked, &previous); rc != 0)
+    throw std::system_error(rc, std::generic_category(), "node link: pthread_sigmask");
+  try {
+    s.thread = std::thread([&s] { s.run_loop(); });
+  } catch (...) {
+    ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    throw;
+  }
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);  // restoring a mask that was in effect cannot fail
 }
 
 void NodeLink::tell_down(const std::string& why, bool cascade) {
   Impl& s = *impl_;
-  const std::string message = describe_node(s.nodes[static_cast<std::size_t>(s.cfg.node_rank)]) + " " + why;
-  s.queue(frame(LinkKind::down, {{"node", std::to_string(s.cfg.node_rank)},
-                                 {"message", message},
-                                 {"cascade", cascade ? "1" : "0"}}));
+  const NodeDown d{s.cfg.node_rank, describe_node(s.nodes[static_cast<std::size_t>(s.cfg.node_rank)]) + " " + why, cascade};
+  s.queue(s.down_frame(s.attempt, d));
 }
 
 std::optional<NodeDown> NodeLink::down() const {
   std::lock_guard lock(impl_->m);
-  return impl_->first_real ? impl_->first_real : impl_->first_down;
+  return impl_->group.verdict(impl_->attempt);
 }
 
 std::optional<NodeDown> NodeLink::wait_down(milliseconds limit) {
   Impl& s = *impl_;
   std::unique_lock lock(s.m);
-  s.cv.wait_for(lock, limit, [&] { return s.first_real || s.all_quiet; });
-  return s.first_real ? s.first_real : s.first_down;
+  s.cv.wait_for(lock, limit, [&] { return s.group.real_down(s.attempt) || s.group.quiet(s.attempt); });
+  return s.group.verdict(s.attempt);
 }
 
 std::optional<NodeDown> NodeLink::finish(milliseconds limit) {
   Impl& s = *impl_;
   {
     std::lock_guard lock(s.m);
-    s.finishing = true;
+    s.group.report_done(s.attempt, s.cfg.node_rank);
   }
-  if (!s.hub()) s.queue(frame(LinkKind::done));
-  else s.poke();
+  if (!s.hub()) s.queue(link_frame(LinkKind::done, {{"attempt", std::to_string(s.attempt)}}));
+  else s.poke();  // node 0 counts itself done: its loop may now see every node done
   std::unique_lock lock(s.m);
-  auto ready = [&] { return s.ended || s.first_down.has_value(); };
+  auto ready = [&] { return s.group.ended(s.attempt) || s.group.any_down(s.attempt); };
   if (limit.count() > 0) s.cv.wait_for(lock, limit, ready);
   else s.cv.wait(lock, ready);
-  if (s.first_down) return s.first_real ? s.first_real : s.first_down;
-  if (s.ended) return std::nullopt;
+  if (s.group.any_down(s.attempt)) return s.group.verdict(s.attempt);
+  if (s.group.ended(s.attempt)) return std::nullopt;
   return NodeDown{-1, "the other nodes did not finish within the run's timeout", false};
 }
 
-// ---- the join ------------------------------------------------------------------------------
-
-namespace {
-
-struct Pending {
-  int fd = -1;
-  std::string address;
-  std::string in;
-  Clock::time_point since;
-};
-
-[[noreturn]] void refuse_all(std::vector<NodeLink::Impl::Conn>& joined, const std::string& message, bool join_error) {
-  const std::string f = frame(LinkKind::refuse, {{"message", message}, {"kind", join_error ? "join" : "usage"}});
-  for (auto& c : joined) {
-    send_all(c.fd, f);
-    close_gently(c.fd);
-  }
-  if (join_error) throw NodeJoinError(message);
-  throw LaunchError(message);
-}
-
-// The nodes disagree: before node 0 gives up, the nodes still on their way (up to `missing`
-// of them, for a few seconds) get the same refusal, so that they too exit 2 at once instead
-// of waiting out the join timeout for a node 0 that has gone.
-void refuse_late_joiners(int l4, int l6, std::vector<Pending>& pending, const std::string& message, int missing) {
-  const std::string f = frame(LinkKind::refuse, {{"message", message}, {"kind", "usage"}});
-  const auto until = Clock::now() + std::chrono::seconds(3);
-  while (missing > 0 && Clock::now() < until) {
-    std::vector<pollfd> fds = {{l4, POLLIN, 0}, {l6, POLLIN, 0}};
-    for (auto& p : pending) fds.push_back({p.fd, POLLIN, 0});
-    ::poll(fds.data(), fds.size(), 100);
-    for (int l : {l4, l6}) {
-      if (l < 0) continue;
-      for (;;) {
-        sockaddr_storage sa{};
-        socklen_t len = sizeof sa;
-        const int fd = ::accept4(l, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) break;
-        pending.push_back({fd, peer_address(sa), {}, Clock::now()});
-      }
-    }
-    for (std::size_t i = 0; i < pending.size();) {
-      Pending& p = pending[i];
-      const int rc = read_into(p.fd, p.in);
-      bool answered = false;
-      try {
-        if (auto hello = pop_frame(p.in); hello && hello->kind == static_cast<std::uint16_t>(LinkKind::hello)) {
-          send_all(p.fd, f);
-          answered = true;
-          --missing;
-        }
-      } catch (const FrameError&) {
-        answered = true;  // not a node: just close it
-      }
-      if (answered || rc <= 0) {
-        close_gently(p.fd);
-        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-        continue;
-      }
-      ++i;
-    }
-  }
-}
-
-int listen_on(int family, int port, std::string& error) {
-  int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    error = std::strerror(errno);
-    return -1;
-  }
-  int on = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-  int rc;
-  if (family == AF_INET) {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    rc = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  } else {
-    ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof on);
-    sockaddr_in6 a{};
-    a.sin6_family = AF_INET6;
-    a.sin6_addr = in6addr_any;
-    a.sin6_port = htons(static_cast<uint16_t>(port));
-    rc = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  }
-  if (rc < 0 || ::listen(fd, 64) < 0) {
-    error = std::strerror(errno);
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-std::unique_ptr<NodeLink::Impl> join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self,
-                                            const std::function<bool()>& cancelled) {
-  std::string error;
-  int l4 = listen_on(AF_INET, cfg.master_port, error);
-  if (l4 < 0)
-    throw LaunchError("node 0 cannot listen on port " + std::to_string(cfg.master_port) + ": " + error +
-                      "; pick another --master-port and give it to every node");
-  std::string ignored;
-  int l6 = listen_on(AF_INET6, cfg.master_port, ignored);  // no IPv6 here: IPv4 alone
-  struct Listeners {
-    int& a;
-    int& b;
-    ~Listeners() {
-      close_fd(a);
-      close_fd(b);
-    }
-  } listeners{l4, l6};
-
-  std::vector<Pending> pending;
-  struct PendingGuard {
-    std::vector<Pending>& list;
-    ~PendingGuard() {
-      for (auto& p : list) close_fd(p.fd);  // strangers, late or refused with the rest
-    }
-  } pending_guard{pending};
-  std::vector<NodeLink::Impl::Conn> joined;
-  const auto deadline = Clock::now() + cfg.join_timeout;
-  say(cfg, "waiting on port " + std::to_string(cfg.master_port) + " for " + std::to_string(cfg.nnodes - 1) +
-               " other node(s) to join");
-  while (static_cast<int>(joined.size()) < cfg.nnodes - 1) {
-    if (cancelled && cancelled()) refuse_all(joined, "node 0 was stopped while the nodes joined", true);
-    const auto now = Clock::now();
-    if (now >= deadline) {
-      std::set<int> here;
-      for (auto& c : joined) here.insert(c.node.node_rank);
-      std::vector<std::string> missing;
-      for (int r = 1; r < cfg.nnodes; ++r)
-        if (!here.count(r)) missing.push_back(std::to_string(r));
-      refuse_all(joined,
-                 "node" + std::string(missing.size() > 1 ? "s " : " ") + join_list(missing) + " did not join node 0 (" +
-                     self.host + ", port " + std::to_string(cfg.master_port) + ") within " +
-                     seconds_text(cfg.join_timeout) + " (join_timeout); start airhost with the same --nnodes, " +
-                     "--master-addr and --master-port on every node, and check that they can reach this one",
-                 true);
-    }
-    std::vector<pollfd> fds;
-    for (int l : {l4, l6}) fds.push_back({l, POLLIN, 0});
-    for (auto& p : pending) fds.push_back({p.fd, POLLIN, 0});
-    for (auto& c : joined) fds.push_back({c.fd, POLLIN, 0});
-    ::poll(fds.data(), fds.size(), 100);
-
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || !fds[i].revents) continue;
-      for (;;) {
-        sockaddr_storage sa{};
-        socklen_t len = sizeof sa;
-        const int fd = ::accept4(fds[i].fd, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) break;
-        set_socket_options(fd);
-        pending.push_back({fd, peer_address(sa), {}, Clock::now()});
-      }
-    }
-    // A node that joined and left again (killed, restarted) is waited for anew; looked at
-    // first, so that its new hello is not taken for a second node of the same rank.
-    for (std::size_t i = 0; i < joined.size();) {
-      std::string sink;
-      if (read_into(joined[i].fd, sink) <= 0) {
-        say(cfg, describe_node(joined[i].node) + " left before every node joined; waiting for it again");
-        close_fd(joined[i].fd);
-        joined.erase(joined.begin() + static_cast<std::ptrdiff_t>(i));
-        continue;
-      }
-      ++i;
-    }
-    // Connections that have not said hello yet.
-    for (std::size_t i = 0; i < pending.size();) {
-      Pending& p = pending[i];
-      const int rc = read_into(p.fd, p.in);
-      std::optional<Frame> f;
-      bool garbage = false;
-      try {
-        f = pop_frame(p.in);
-      } catch (const FrameError&) {
-        garbage = true;
-      }
-      if (f && f->kind == static_cast<std::uint16_t>(LinkKind::hello)) {
-        NodeHello h;
-        try {
-          h = decode_hello(f->payload);
-        } catch (const FrameError&) {
-          garbage = true;
-        }
-        if (!garbage) {
-          h.address = p.address;
-          NodeLink::Impl::Conn c;
-          c.fd = p.fd;
-          c.node = h;
-          c.in = std::move(p.in);
-          joined.push_back(std::move(c));
-          pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-          std::vector<NodeHello> peers;
-          for (auto& j : joined) peers.push_back(j.node);
-          if (auto problem = check_nodes(self, peers); !problem.empty()) {
-            refuse_late_joiners(l4, l6, pending, problem, cfg.nnodes - 1 - static_cast<int>(joined.size()));
-            refuse_all(joined, problem, false);
-          }
-          say(cfg, describe_node(h) + " joined");
-          continue;
-        }
-      }
-      if (garbage || (f && f->kind != static_cast<std::uint16_t>(LinkKind::hello))) {
-        say(cfg, "ignored a connection from " + p.address + ": it does not speak airhost's node link");
-        close_fd(p.fd);
-        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-        continue;
-      }
-      if (rc <= 0 || Clock::now() - p.since > kHelloWait) {
-        close_fd(p.fd);
-        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-        continue;
-      }
-      ++i;
-    }
-  }
-  auto impl = std::make_unique<NodeLink::Impl>();
-  impl->cfg = cfg;
-  impl->nodes.resize(static_cast<std::size_t>(cfg.nnodes));
-  impl->nodes[0] = self;
-  std::sort(joined.begin(), joined.end(), [](auto& a, auto& b) { return a.node.node_rank < b.node.node_rank; });
-  std::vector<std::string> names;
-  const std::string welcome = frame(LinkKind::welcome, {{"host", self.host}, {"nodes", std::to_string(cfg.nnodes)}});
-  for (auto& c : joined) {
-    impl->nodes[static_cast<std::size_t>(c.node.node_rank)] = c.node;
-    names.push_back(describe_node(c.node));
-    send_all(c.fd, welcome);
-  }
-  impl->conns = std::move(joined);
-  say(cfg, "all " + std::to_string(cfg.nnodes) + " nodes joined (" + join_list(names) + "); starting the ranks");
-  return impl;  // the listeners close here: rank 0's store takes the port next
-}
-
-std::unique_ptr<NodeLink::Impl> join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self,
-                                              const std::function<bool()>& cancelled) {
-  const auto deadline = Clock::now() + cfg.join_timeout;
-  const std::string where = cfg.master_addr + ":" + std::to_string(cfg.master_port);
-  std::string last_problem = "nothing tried yet";
-  bool said_waiting = false;
-  auto pause = [&](milliseconds ms) {
-    const auto until = std::min(Clock::now() + ms, deadline);
-    while (Clock::now() < until) {
-      if (cancelled && cancelled()) throw NodeJoinError("stopped while waiting for node 0 at " + where);
-      std::this_thread::sleep_for(milliseconds(50));
-    }
-  };
-  while (Clock::now() < deadline) {
-    if (cancelled && cancelled()) throw NodeJoinError("stopped while waiting for node 0 at " + where);
-    addrinfo hints{};
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    const int gai = ::getaddrinfo(cfg.master_addr.c_str(), std::to_string(cfg.master_port).c_str(), &hints, &res);
-    if (gai != 0) {
-      if (gai != EAI_AGAIN)
-        throw LaunchError("master address '" + cfg.master_addr + "' does not resolve (" + ::gai_strerror(gai) +
-                          "); give node 0's host name or IP address with --master-addr");
-      last_problem = std::string("resolving it: ") + ::gai_strerror(gai);
-      pause(milliseconds(500));
-      continue;
-    }
-    int fd = -1;
-    std::string address;
-    for (addrinfo* ai = res; ai && fd < 0; ai = ai->ai_next) {
-      fd = ::socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-      if (fd < 0) continue;
-      if (::connect(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno != EINPROGRESS) {
-        last_problem = std::strerror(errno);
-        close_fd(fd);
-        continue;
-      }
-      pollfd p{fd, POLLOUT, 0};
-      const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-      int err = ETIMEDOUT;
-      if (::poll(&p, 1, static_cast<int>(std::clamp<long long>(left, 1, 2000))) == 1) {
-        socklen_t len = sizeof err;
-        ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      }
-      if (err != 0) {
-        last_problem = std::strerror(err);
-        close_fd(fd);
-        continue;
-      }
-      sockaddr_storage sa{};
-      std::memcpy(&sa, ai->ai_addr, std::min<std::size_t>(ai->ai_addrlen, sizeof sa));
-      address = peer_address(sa);
-    }
-    ::freeaddrinfo(res);
-    if (fd < 0) {
-      if (!said_waiting) say(cfg, "waiting for node 0 at " + where + " (" + last_problem + ")");
-      said_waiting = true;
-      pause(milliseconds(500));
-      continue;
-    }
-    set_socket_options(fd);
-    if (!send_all(fd, encode_frame(static_cast<std::uint16_t>(LinkKind::hello), encode_hello(self)))) {
-      last_problem = "the connection broke while saying hello";
-      close_fd(fd);
-      pause(milliseconds(500));
-      continue;
-    }
-    say(cfg, "connected to node 0 at " + where + "; waiting for every node to join");
-    said_waiting = true;
-    // Node 0 answers once every node has joined.
-    std::string in;
-    for (;;) {
-      if (cancelled && cancelled()) {
-        close_fd(fd);
-        throw NodeJoinError("stopped while waiting for every node to join at " + where);
-      }
-      if (Clock::now() >= deadline) {
-        close_fd(fd);
-        throw NodeJoinError("node 0 at " + where + " accepted this node, but not every node joined within " +
-                            seconds_text(cfg.join_timeout) + " (join_timeout)");
-      }
-      pollfd p{fd, POLLIN, 0};
-      ::poll(&p, 1, 100);
-      const int rc = read_into(fd, in);
-      std::optional<Frame> f;
-      try {
-        f = pop_frame(in);
-      } catch (const FrameError& e) {
-        close_fd(fd);
-        throw NodeJoinError("the server at " + where + " is not airhost's node 0 (" + e.what() +
-                            "); check --master-addr and --master-port");
-      }
-      if (f && f->kind == static_cast<std::uint16_t>(LinkKind::refuse)) {
-        auto fields = decode_fields(f->payload);
-        close_fd(fd);
-        if (fields["kind"] == "join") throw NodeJoinError(fields["message"]);
-        throw LaunchError(fields["message"]);
-      }
-      if (f && f->kind == static_cast<std::uint16_t>(LinkKind::welcome)) {
-        auto fields = decode_fields(f->payload);
-        auto impl = std::make_unique<NodeLink::Impl>();
-        impl->cfg = cfg;
-        impl->nodes.resize(static_cast<std::size_t>(cfg.nnodes));
-        for (int r = 0; r < cfg.nnodes; ++r) impl->nodes[static_cast<std::size_t>(r)].node_rank = r;
-        NodeHello zero;
-        zero.node_rank = 0;
-        zero.nnodes = cfg.nnodes;
-        zero.nprocs = cfg.nprocs;
-        zero.host = fields["host"].empty() ? cfg.master_addr : fields["host"];
-        zero.address = address;
-        impl->nodes[0] = zero;
-        impl->nodes[static_cast<std::size_t>(cfg.node_rank)] = self;
-        NodeLink::Impl::Conn c;
-        c.fd = fd;
-        c.node = zero;
-        c.in = std::move(in);
-        impl->conns.push_back(std::move(c));
-        say(cfg, "all " + std::to_string(cfg.nnodes) + " nodes joined at " + describe_node(zero) + "; starting the ranks");
-        return impl;
-      }
-      if (rc <= 0) {  // node 0 went away before answering (restarted?): connect again
-        close_fd(fd);
-        last_problem = "node 0 closed the connection before every node joined";
-        say(cfg, last_problem + "; trying again");
-        pause(milliseconds(500));
-        break;
-      }
-    }
-  }
-  throw NodeJoinError("node 0 did not answer at " + where + " within " + seconds_text(cfg.join_timeout) +
-                      " (join_timeout; last: " + last_problem + "); start airhost with --node-rank 0 there, with " +
-                      "the same --nnodes and --master-port, or check the address and the firewall");
-}
-
-}  // namespace
-
 std::unique_ptr<NodeLink> NodeLink::join(const NodeLinkConfig& config, const std::function<bool()>& cancelled) {
-  NodeLinkConfig cfg = config;
-  NodeHello self;
-  self.node_rank = cfg.node_rank;
-  self.nnodes = cfg.nnodes;
-  self.nprocs = cfg.nprocs;
-  self.host = host_name();
-  auto impl = cfg.node_rank == 0 ? join_as_hub(cfg, self, cancelled) : join_as_spoke(cfg, self, cancelled);
-  impl->heartbeat = cfg.heartbeat.count() > 0 ? cfg.heartbeat
-                                              : std::clamp(cfg.node_timeout / 3, milliseconds(100), milliseconds(1000));
+  auto impl = std::make_unique<Impl>(config, join_group(config, cancelled));
+  impl->heartbeat = config.heartbeat.count() > 0
+                        ? config.heartbeat
+                        : std::clamp(config.node_timeout / 3, milliseconds(100), milliseconds(1000));
   return std::unique_ptr<NodeLink>(new NodeLink(std::move(impl)));
 }
 

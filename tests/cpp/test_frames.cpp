@@ -55,11 +55,23 @@ TEST_CASE("a frame announcing more than the cap is refused from its header, befo
   } catch (const FrameError& e) {
     CHECK(std::string(e.what()).find("over the cap of 67108864") != std::string::npos);
   }
-  FrameDecoder small(10);
+  FrameDecoder small("control channel", 10);
   small.feed(encode_frame(FrameKind::result, "0123456789"));  // exactly the cap: fine
   CHECK(small.next().has_value());
   small.feed(encode_frame(FrameKind::result, "0123456789A"));
   CHECK_THROWS_AS(small.next(), FrameError);
+}
+
+TEST_CASE("a decoder with a cap refuses a longer frame from its header alone, naming its channel") {
+  FrameDecoder d("node link", 1024);
+  d.feed(encode_frame(FrameKind::result, std::string(1024, 'x')));
+  REQUIRE(d.next().has_value());  // at the cap: fine
+  d.feed(encode_frame_header(2, 1ull << 62));  // no payload sent: nothing may be reserved for it
+  CHECK_THROWS_WITH_AS(d.next(), "node link corrupted: a frame announces 4611686018427387904 bytes, over the cap of 1024 (a stray write into its descriptor?)",
+                       FrameError);
+  FrameDecoder plain;
+  plain.feed("not a frame header at all");
+  CHECK_THROWS_WITH_AS(plain.next(), "control channel corrupted: bad frame magic", FrameError);
 }
 
 TEST_CASE("the header says little-endian magic, kind, flags and length") {

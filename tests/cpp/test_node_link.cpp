@@ -1,6 +1,6 @@
 // The node link between the hosts of a multi-node run: its hello codec, node 0's checks, and
 // real links over 127.0.0.1 between threads of this process (join, refusal, reports, loss by
-// close and by silence, the exit barrier).
+// close, by silence and by not reading, the exit barrier, the thread's signal mask).
 #include <doctest/doctest.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -8,10 +8,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "airhost/launcher.hpp"
@@ -273,4 +279,124 @@ TEST_CASE("a node that arrives just after node 0 refused the others is refused t
   CHECK_THROWS_WITH_AS(late.get(), doctest::Contains("the nodes disagree on the ranks per node"), LaunchError);
   CHECK(std::chrono::steady_clock::now() - t0 < 3s);
   CHECK_THROWS_AS(zero.get(), LaunchError);
+}
+
+namespace {
+
+// A node that joins and keeps heartbeating but never reads (its airhost's link is wedged on
+// something else): its receive buffer is as small as Linux allows, so node 0's frames pile
+// up in node 0's buffer for it.
+struct NonReader {
+  int fd = -1;
+  std::atomic<bool> stop{false};
+  std::thread beats;
+  explicit NonReader(int port) {
+    REQUIRE(eventually([&] {
+      fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      const int small = 4096;
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(static_cast<uint16_t>(port));
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return true;
+      ::close(fd);
+      return false;
+    }));
+    const std::string hello = encode_frame(static_cast<std::uint16_t>(LinkKind::hello), encode_hello(node(1, 3, 2, "wedged")));
+    REQUIRE(::send(fd, hello.data(), hello.size(), 0) == static_cast<ssize_t>(hello.size()));
+    beats = std::thread([this] {
+      const std::string beat = link_frame(LinkKind::heartbeat);
+      while (!stop) {
+        ::send(fd, beat.data(), beat.size(), MSG_NOSIGNAL);
+        std::this_thread::sleep_for(100ms);
+      }
+    });
+  }
+  ~NonReader() {
+    stop = true;
+    beats.join();
+    ::close(fd);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a node that stops reading is lost at the output cap, and the others never wait on it") {
+  const int port = free_port();
+  auto zero = std::async(std::launch::async, [port] { return NodeLink::join(config(0, 3, 2, port), {}); });
+  auto two = std::async(std::launch::async, [port] { return NodeLink::join(config(2, 3, 2, port), {}); });
+  Downs at_zero, at_two;  // before the links: their threads call into these until they end
+  NonReader wedged(port);
+  auto hub = zero.get();
+  auto spoke = two.get();
+  hub->start(at_zero.callback());
+  spoke->start(at_two.callback());
+
+  // Node 0 says a lot (60 KB reports, near the frame cap): far more than the kernel holds for
+  // the node that does not read, so its output buffer grows to the cap.
+  const std::string why = "failed: " + std::string(60000, 'x');
+  const auto t0 = std::chrono::steady_clock::now();
+  bool lost = false;
+  for (int i = 0; i < 400 && !lost; ++i) {
+    hub->tell_down(why, false);
+    std::this_thread::sleep_for(5ms);
+    for (const auto& d : at_zero.get()) lost |= d.node == 1;
+  }
+  REQUIRE(eventually([&] { return !at_zero.get().empty(); }, 3s));
+  const NodeDown d = at_zero.get()[0];
+  CHECK(d.node == 1);
+  CHECK(d.message.find("node 1 (wedged, 127.0.0.1) was lost: it stopped reading what this node sends (") == 0);
+  CHECK(d.message.find("the most a node may fall behind is 1024 KiB)") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < 3s);
+  // Node 2 heard node 0's report and the loss of node 1 (relayed), and never lost node 0:
+  // its heartbeats kept coming while node 0's buffer for node 1 was full.
+  REQUIRE(eventually([&] { return at_two.get().size() == 2; }, 3s));
+  std::this_thread::sleep_for(1500ms);  // past node_timeout (1 s): a stalled node 0 would be lost now
+  const auto heard = at_two.get();
+  REQUIRE(heard.size() == 2);
+  CHECK(heard[0].node == 0);
+  CHECK(heard[0].message.find(") failed: xxx") != std::string::npos);
+  CHECK(heard[1].node == 1);
+  CHECK(heard[1].message.find("was lost: it stopped reading") != std::string::npos);
+  CHECK(at_zero.get().size() == 1);  // node 2 was never taken for lost either
+}
+
+TEST_CASE("the link's thread blocks the host's signals, so SIGINT, SIGTERM and SIGCHLD go to the host") {
+  auto tasks = [] {
+    std::set<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) out.insert(e.path().filename());
+    return out;
+  };
+  auto [zero, one] = joined_pair(free_port());
+  const auto before = tasks();
+  zero->start({});
+  std::set<std::string> started;
+  REQUIRE(eventually([&] {
+    started.clear();
+    for (const auto& t : tasks())
+      if (!before.count(t)) started.insert(t);
+    return !started.empty();
+  }));
+  REQUIRE(started.size() == 1);
+  // glibc starts a thread with every signal blocked and sets the mask it inherited from its
+  // first instruction on: read it once the thread is up and waiting.
+  std::this_thread::sleep_for(200ms);
+  std::ifstream status("/proc/self/task/" + *started.begin() + "/status");
+  std::string line;
+  unsigned long long blocked = 0;
+  while (std::getline(status, line))
+    if (line.rfind("SigBlk:", 0) == 0) blocked = std::stoull(line.substr(7), nullptr, 16);
+  auto is_blocked = [&](int sig) { return ((blocked >> (sig - 1)) & 1) != 0; };
+  CHECK(is_blocked(SIGINT));
+  CHECK(is_blocked(SIGTERM));
+  CHECK(is_blocked(SIGCHLD));
+  CHECK(is_blocked(SIGQUIT));
+  CHECK(is_blocked(SIGHUP));
+  CHECK_FALSE(is_blocked(SIGSEGV));  // a fault on that thread still reaches the crash handling
+  // ... and this thread's mask is as it was.
+  sigset_t mine;
+  REQUIRE(::pthread_sigmask(SIG_BLOCK, nullptr, &mine) == 0);
+  CHECK_FALSE(sigismember(&mine, SIGINT));
+  CHECK_FALSE(sigismember(&mine, SIGTERM));
 }

@@ -224,3 +224,32 @@ def test_an_interrupted_node_0_stops_node_1_saying_so(airhost):
     r1.assert_rc(138)
     assert re.search(rf"airhost: run {r1.run_id}: node 0 \([^)]+\) was interrupted by SIGTERM; this node's ranks "
                      r"were (stopped|failed or were stopped as a consequence)", r1.err), r1.describe()
+
+
+def test_a_frozen_node_0_is_lost_by_node_1_and_no_frame_arrives_corrupted(airhost):
+    """The other direction of the test above: node 1 is the one left, and the link writes from
+    a buffer (never a frame in part), so neither node, node 0 thawed included, reads garbage."""
+    port = free_port()
+    loop = script("collective_loop.py")
+    n0 = node(airhost, 0, port, loop)
+    n1 = node(airhost, 1, port, loop)
+    wait_ready(n0, [0, 1])
+    wait_ready(n1, [2, 3])
+    t0 = time.monotonic()
+    n0.signal(signal.SIGSTOP)
+    try:
+        r1 = n1.finish(timeout=30)
+    finally:
+        n0.signal(signal.SIGCONT)
+    ended = time.monotonic() - t0
+    r1.assert_rc(138)
+    assert ended < NODE_TIMEOUT + 2 + 3, f"ended after {ended:.1f} s"
+    assert re.search(rf"node 0 \([^)]+, 127\.0\.0\.1\) was lost: nothing heard from it for {NODE_TIMEOUT} s "
+                     r"\(node_timeout\)", r1.err), r1.describe()
+    r0 = n0.finish(timeout=30)
+    r0.assert_rc(138)
+    for run in (r0, r1):
+        assert "sent garbage" not in run.err and "corrupted" not in run.err, run.describe()
+    # Node 0, thawed, reads node 1's report that was waiting for it: named, not taken for a silence.
+    assert re.search(r"node 1 \([^)]+\) stopped its ranks \(node 0 \([^)]+\) was lost: nothing heard", r0.err), \
+        r0.describe()

@@ -1,0 +1,87 @@
+// link_group.hpp — the group's agreement, as one node of a multi-node run knows it: for each
+// attempt, which nodes are down (failed, stopped or lost) and which are done; for each peer,
+// whether its connection is gone. Pure: no sockets, no threads, no clock; the node link's
+// thread owns one (under its mutex) and feeds it what the wire says.
+//
+// Keyed by attempt so that a group restart (every node starting its ranks again) can begin
+// with a clean slate while a late report of the attempt before is still told apart; until
+// restarts span nodes, every report is of attempt 0. A connection that is gone stays gone
+// across attempts: the node behind it cannot take part in another one.
+//
+// The star decides who can still speak: node 0 (the hub) hears every node on that node's own
+// connection; any other node (a spoke) hears everything through node 0.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace airhost::detail {
+
+// A node joined, then failed, was stopped or was lost.
+struct NodeDown {
+  int node = -1;
+  std::string message;   // whole sentence: "node 1 (gpu-b, 10.0.0.2) was lost: ..."
+  bool cascade = false;  // that node only failed because one of its ranks lost a peer
+};
+
+class GroupState {
+ public:
+  GroupState(int nnodes, int self) : nnodes_(nnodes), self_(self) {}
+
+  int nnodes() const { return nnodes_; }
+  int self() const { return self_; }
+  bool hub() const { return self_ == 0; }
+  // The nodes this one has a connection to: node 0 has one to every other, the others to node 0.
+  std::vector<int> peers() const;
+
+  // `report.node` is down in `attempt`, as heard on `from`'s connection (`from` is the node
+  // itself when it reports its own teardown, node 0 when it relays, or the node whose
+  // connection was lost). True the first time that node is heard of in that attempt: the
+  // caller passes it on; a second report of the same node (a cascade after a loss) is noted
+  // only as that node having spoken.
+  bool report_down(int attempt, const NodeDown& report, int from);
+  // `node`'s ranks all succeeded in `attempt` (for this node: it is waiting at the barrier).
+  void report_done(int attempt, int node);
+  // Node 0 said every node is done (a spoke), or saw it (node 0).
+  void end(int attempt);
+  // `node`'s connection closed or the node was declared lost: nothing more comes from it.
+  void connection_gone(int node);
+
+  bool gone(int node) const { return gone_.count(node) > 0; }
+  bool ended(int attempt) const;
+  // Every node done in `attempt`, this one included.
+  bool all_done(int attempt) const;
+  // Node 0 is to tell every node to end: all are done, and it has not said so yet.
+  bool should_end(int attempt) const { return hub() && !ended(attempt) && all_done(attempt); }
+  // A close of `node`'s connection is expected, not a loss: it said it stops, or it is done,
+  // or the group ended.
+  bool close_expected(int attempt, int node) const;
+
+  // The most telling report heard in `attempt`: the first that is not a cascade, else the first.
+  std::optional<NodeDown> verdict(int attempt) const;
+  bool any_down(int attempt) const;
+  bool real_down(int attempt) const;  // a report that is not a cascade
+  // No peer is left that could still send a report of `attempt`: each one's connection is
+  // gone, or it said it stops (after that, only relays of what it heard before).
+  bool quiet(int attempt) const;
+
+ private:
+  struct Attempt {
+    std::set<int> heard;      // nodes reported down
+    std::set<int> said_down;  // nodes that reported their own teardown
+    std::set<int> done;
+    std::optional<NodeDown> first, first_real;
+    bool ended = false;
+  };
+  const Attempt* find(int attempt) const;
+
+  int nnodes_;
+  int self_;
+  std::map<int, Attempt> attempts_;
+  std::set<int> gone_;
+};
+
+}  // namespace airhost::detail

@@ -1,0 +1,110 @@
+// The group's agreement as one node knows it (GroupState): who is down, who is done, by
+// attempt, and when nothing more can come. No sockets: reports are fed in by hand.
+#include <doctest/doctest.h>
+
+#include "launch/link_group.hpp"
+
+using namespace airhost::detail;
+
+namespace {
+
+NodeDown down(int node, const std::string& why, bool cascade = false) {
+  return NodeDown{node, "node " + std::to_string(node) + " " + why, cascade};
+}
+
+}  // namespace
+
+TEST_CASE("node 0 hears each node on its own connection, another node hears all through node 0") {
+  CHECK(GroupState(4, 0).peers() == std::vector<int>{1, 2, 3});
+  CHECK(GroupState(4, 2).peers() == std::vector<int>{0});
+  CHECK(GroupState(4, 0).hub());
+  CHECK_FALSE(GroupState(4, 2).hub());
+}
+
+TEST_CASE("the first report of a node is news; the verdict is the first that is not a cascade") {
+  GroupState g(3, 0);
+  CHECK_FALSE(g.verdict(0));
+  CHECK_FALSE(g.any_down(0));
+  CHECK(g.report_down(0, down(2, "failed: rank 5 lost a peer", true), 2));
+  CHECK(g.any_down(0));
+  CHECK_FALSE(g.real_down(0));
+  CHECK(g.verdict(0)->node == 2);  // a cascade is better than nothing
+  CHECK(g.report_down(0, down(1, "failed: rank 3 exited with code 1"), 1));
+  CHECK(g.real_down(0));
+  CHECK(g.verdict(0)->message == "node 1 failed: rank 3 exited with code 1");
+  // A node heard of once is not news again, whatever the second report says.
+  CHECK_FALSE(g.report_down(0, down(1, "was lost: its connection closed"), 0));
+  CHECK(g.verdict(0)->message == "node 1 failed: rank 3 exited with code 1");
+}
+
+TEST_CASE("node 0 is quiet once every other node is gone or said it stops") {
+  GroupState g(3, 0);
+  CHECK_FALSE(g.quiet(0));
+  g.report_down(0, down(1, "stopped its ranks"), 1);
+  CHECK_FALSE(g.quiet(0));  // node 2 may still report
+  g.connection_gone(2);
+  CHECK(g.quiet(0));
+}
+
+TEST_CASE("another node is quiet once node 0 is gone or said it stops, whatever it relayed") {
+  GroupState g(3, 2);
+  g.report_down(0, down(1, "failed"), 0);  // node 1's report, relayed by node 0: node 0 can still speak
+  CHECK_FALSE(g.quiet(0));
+  g.report_down(0, down(0, "stopped its ranks (node 1 failed)", true), 0);
+  CHECK(g.quiet(0));
+  GroupState h(3, 2);
+  h.connection_gone(0);
+  CHECK(h.quiet(0));
+}
+
+TEST_CASE("the exit barrier ends only when every node is done, node 0 too, and node 0 says it once") {
+  GroupState hub(3, 0);
+  hub.report_done(0, 1);
+  CHECK_FALSE(hub.should_end(0));
+  hub.report_done(0, 0);  // node 0's own ranks succeeded
+  CHECK_FALSE(hub.should_end(0));
+  hub.report_done(0, 2);
+  CHECK(hub.all_done(0));
+  CHECK(hub.should_end(0));
+  hub.end(0);
+  CHECK(hub.ended(0));
+  CHECK_FALSE(hub.should_end(0));
+
+  GroupState spoke(3, 1);
+  for (int n = 0; n < 3; ++n) spoke.report_done(0, n);
+  CHECK_FALSE(spoke.should_end(0));  // only node 0 decides
+  CHECK_FALSE(spoke.ended(0));
+  spoke.end(0);
+  CHECK(spoke.ended(0));
+}
+
+TEST_CASE("a close is expected after the node said it stops, said it is done, or the group ended") {
+  GroupState g(4, 0);
+  CHECK_FALSE(g.close_expected(0, 1));
+  g.report_down(0, down(1, "failed"), 1);
+  CHECK(g.close_expected(0, 1));
+  g.report_down(0, down(2, "was lost: nothing heard"), 0);  // this node's finding, not node 2's word
+  CHECK_FALSE(g.close_expected(0, 2));
+  g.report_done(0, 3);
+  CHECK(g.close_expected(0, 3));
+  GroupState ended(2, 1);
+  ended.end(0);
+  CHECK(ended.close_expected(0, 0));
+}
+
+TEST_CASE("reports are kept by attempt; a gone connection stays gone in every attempt") {
+  GroupState g(3, 0);
+  g.report_down(0, down(1, "failed"), 1);
+  g.report_done(0, 2);
+  CHECK_FALSE(g.verdict(1));  // attempt 1 starts clean
+  CHECK_FALSE(g.any_down(1));
+  CHECK_FALSE(g.close_expected(1, 1));
+  CHECK_FALSE(g.close_expected(1, 2));
+  CHECK(g.report_down(1, down(1, "failed again"), 1));  // news in attempt 1
+  CHECK(g.verdict(1)->message == "node 1 failed again");
+  CHECK(g.verdict(0)->message == "node 1 failed");
+  g.connection_gone(2);
+  CHECK(g.gone(2));
+  CHECK(g.quiet(1));  // node 1 said it stops in attempt 1, node 2 is gone for good
+  CHECK_FALSE(g.quiet(2));
+}
