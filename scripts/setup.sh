@@ -7,9 +7,10 @@ cd "$(dirname "$0")/.."
 
 need_pkgs=()
 build_pkgs=(g++ cmake pkg-config libuv1-dev libtomlplusplus-dev doctest-dev pybind11-dev python3-venv)
-# The tests start a real Slurm (tests/py/test_slurm.py): its daemons and munge, and iproute2
-# for the network namespaces of its two nodes and of the multi-node tests (test_netns.py).
-if [ "${AIRHOST_SETUP_TEST_DEPS:-0}" = 1 ]; then build_pkgs+=(slurm-wlm munge iproute2); fi
+# The tests start a real Slurm (tests/py/test_slurm.py): its daemons and munge; iproute2
+# for the network namespaces of its two nodes and of the multi-node tests (test_netns.py);
+# patch and binutils (readelf) for the offline GPU bundle rehearsal (test_gpu_offline.py).
+if [ "${AIRHOST_SETUP_TEST_DEPS:-0}" = 1 ]; then build_pkgs+=(slurm-wlm munge iproute2 patch binutils); fi
 for pkg in "${build_pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
