@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <mutex>
 #include <system_error>
@@ -160,8 +161,18 @@ class Run {
     Callbacks cb;
     // What the console shows, as it comes (progress bars and partial lines included): the
     // caller writes it to sys.stdout and sys.stderr as it is.
+    // Bounded: a caller that stops reading (its thread blocked writing to a stdout nobody
+    // reads) must not make this queue, and the caller's memory, grow without end. Past the
+    // cap the bytes are skipped, counted, and said at the next poll; the logs have them all.
+    logs_ = spec.run_dir + "/logs";
     cb.on_console = [this](Stream s, std::string_view bytes) {
       std::lock_guard lock(mutex_);
+      if (queued_ > 0 && queued_ + bytes.size() > kMaxQueued) {
+        skipped_ += bytes.size();
+        return;
+      }
+      queued_ += bytes.size();
+      if (!bytes.empty()) last_newline_ = bytes.back() == '\n';
       pieces_.push_back({static_cast<int>(s), std::string(bytes)});
       cv_.notify_all();
     };
@@ -208,6 +219,17 @@ class Run {
       std::unique_lock lock(mutex_);
       cv_.wait_for(lock, std::chrono::duration<double>(timeout), [&] { return done_ || !pieces_.empty(); });
       batch.swap(pieces_);
+      queued_ = 0;
+      if (skipped_) {
+        char mib[32];
+        std::snprintf(mib, sizeof mib, "%.1f", static_cast<double>(skipped_) / (1 << 20));
+        batch.push_back({static_cast<int>(Stream::err),
+                         std::string(last_newline_ ? "" : "\n") + "airhost: " + mib +
+                             " MiB of the ranks' output was skipped here: it was not read in time (every byte is in "
+                             "the logs: " + logs_ + ")\n"});
+        skipped_ = 0;
+        last_newline_ = true;
+      }
       done = done_;
     }
     py::list out;
@@ -240,6 +262,11 @@ class Run {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Piece> pieces_;
+  static constexpr std::size_t kMaxQueued = 8u << 20;
+  std::size_t queued_ = 0;      // bytes in pieces_
+  std::uint64_t skipped_ = 0;   // since the last poll
+  bool last_newline_ = true;    // the last byte queued ended a line
+  std::string logs_;
   bool done_ = false;
   RunReport report_;
   py::object report_dict_ = py::none();

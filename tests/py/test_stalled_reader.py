@@ -100,3 +100,28 @@ def test_a_failing_rank_stops_the_others_while_nobody_reads_the_output(airhost, 
     assert time.monotonic() - t0 < 2 + 2 + 8
     finish(proc)
     assert proc.returncode == 1
+
+
+@pytest.mark.timeout(120)
+def test_a_python_caller_that_does_not_read_its_output_keeps_its_memory_flat(tmp_path):
+    # The caller's own thread blocks writing to its stdout, which the test leaves unread while
+    # two ranks print flat out; what waits for the caller is bounded, and it says what it skipped.
+    import sys
+
+    report = tmp_path / "report.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRHOST_", "MLFLOW_"))}
+    env["AIRHOST_RUNS_DIR"] = str(tmp_path / "runs")
+    caller = Path(__file__).resolve().parent / "api_scripts" / "unread_caller.py"
+    proc = subprocess.Popen([sys.executable, str(caller), "5", str(report)], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    # Nobody reads for the ranks' 5 s of output, and 3 s more.
+    wait_for(lambda: list((tmp_path / "runs").glob("*/logs/rank-1.stdout.log")), 30, "the ranks to start")
+    time.sleep(8)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    seen = json.loads(report.read_text())
+    written = sum(len(p.read_bytes()) for p in (tmp_path / "runs").glob("*/logs/rank-*.stdout.log"))
+    assert written > 64 << 20, f"the ranks wrote only {written >> 20} MiB: no test of a bound"
+    assert seen["peak"] - seen["baseline"] < 48, seen
+    assert re.search(rb"airhost: [\d.]+ MiB of the ranks' output was skipped here: it was not read in time "
+                     rb"\(every byte is in the logs: .*/logs\)\n", err + out), (err + out)[-2000:]
