@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -124,6 +125,18 @@ int run_capture(const std::string& command, std::string& out) {
   char buf[1024];
   while (std::fgets(buf, sizeof buf, p)) out += buf;
   return ::pclose(p);
+}
+
+std::string bytes_text(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  char out[64];
+  std::snprintf(out, sizeof out, bytes == std::floor(bytes) ? "%.0f %s" : "%.1f %s", bytes, units[u]);
+  return out;
 }
 
 }  // namespace airhost::detail

@@ -24,6 +24,7 @@ std::string executable_path();            // /proc/self/exe
 std::string dirname_of(const std::string& path);
 bool is_executable(const std::string& path);
 std::string json_escape(std::string_view s);  // contents of a JSON string, without quotes
+std::string bytes_text(double bytes);         // "8 B", "16 MiB", "1.5 GiB"
 // 'text' for /bin/sh, single quotes inside escaped: safe for any path or program text.
 std::string shell_quote(const std::string& text);
 // Runs `command` with /bin/sh and collects its stdout into `out`; returns its wait status

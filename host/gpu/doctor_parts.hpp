@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/util.hpp"
 #include "gpu/doctor.hpp"
 #include "gpu/nvidia_api.hpp"
 
@@ -35,8 +36,8 @@ Plan make_plan(const DoctorOptions& o);
 
 // printf into a std::string.
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-// "16 MiB", "1.5 GiB".
-std::string bytes_text(double bytes);
+// "16 MiB", "1.5 GiB" (base/util.hpp).
+using detail::bytes_text;
 // "GPU 3", "GPU 3 (cuda:0)" when CUDA_VISIBLE_DEVICES renumbers it, "CUDA device 2" for a GPU
 // NVML does not list.
 std::string device_label(const DoctorReport& r, const DoctorGpu* g, int cuda_device);

@@ -28,16 +28,6 @@ std::string format(const char* fmt, ...) {
   return out;
 }
 
-std::string bytes_text(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  return bytes == std::floor(bytes) ? format("%.0f %s", bytes, units[u]) : format("%.1f %s", bytes, units[u]);
-}
-
 std::string device_label(const DoctorReport& r, const DoctorGpu* g, int cuda_device) {
   if (!g || g->index < 0) return "CUDA device " + std::to_string(cuda_device);
   std::string label = "GPU " + std::to_string(g->index);

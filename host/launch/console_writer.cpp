@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstdio>
 
+#include "base/util.hpp"
+
 namespace airhost::detail {
 
 namespace {
@@ -19,32 +21,31 @@ namespace {
 // has PIPE_BUF free; a terminal says POLLOUT while fewer than 256 bytes wait in its buffer
 // (n_tty's WAKEUP_CHARS); a socket is written with MSG_DONTWAIT whatever the size; a regular
 // file does not wait on a reader.
-std::size_t safe_write_size(int fd) {
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) return 4096;
+std::size_t safe_write_size(const struct stat& st, bool known) {
+  if (!known) return 4096;
   if (S_ISFIFO(st.st_mode)) return PIPE_BUF;
   if (S_ISCHR(st.st_mode)) return 256;
   return 64 * 1024;
 }
 
-bool is_socket(int fd) {
-  struct stat st{};
-  return ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
-}
+struct Destination {
+  std::size_t max_write;
+  bool socket;
+};
 
-std::string human(std::uint64_t bytes) {
-  char buf[64];
-  if (bytes >= (1u << 20)) std::snprintf(buf, sizeof buf, "%.1f MiB", static_cast<double>(bytes) / (1u << 20));
-  else if (bytes >= 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(bytes) / 1024);
-  else std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(bytes));
-  return buf;
+Destination destination_of(int fd) {
+  struct stat st{};
+  const bool known = ::fstat(fd, &st) == 0;
+  return {safe_write_size(st, known), known && S_ISSOCK(st.st_mode)};
 }
 
 }  // namespace
 
 ConsoleWriter::ConsoleWriter(int fd, std::size_t cap, std::string where)
-    : fd_(fd), cap_(cap), where_(std::move(where)), max_write_(safe_write_size(fd)), socket_(is_socket(fd)),
-      last_progress_(std::chrono::steady_clock::now()) {
+    : fd_(fd), cap_(cap), where_(std::move(where)), last_progress_(std::chrono::steady_clock::now()) {
+  const Destination d = destination_of(fd);
+  max_write_ = d.max_write;
+  socket_ = d.socket;
   // The writer must never take a signal meant for the loop (SIGINT, SIGTERM, SIGCHLD...).
   sigset_t all, old;
   sigfillset(&all);
@@ -84,21 +85,22 @@ void ConsoleWriter::write(std::string_view bytes) {
       skipped_total_ += bytes.size();
       return;
     }
-    if (skipped_now_) {
-      // The reader caught up (there is room again): say what it missed, on a line of its own.
-      std::string note = std::string(last_was_newline_ ? "" : "\n") + "airhost: " + human(skipped_now_) +
-                         " of output skipped here: the reader did not keep up (every byte is in " + where_ + ")\n";
-      queued_ += note.size();
-      queue_.push_back(std::move(note));
-      skipped_now_ = 0;
-      last_was_newline_ = true;
-    }
+    if (skipped_now_) queue_skip_note();  // the reader caught up: there is room again
     if (queued_ == 0) last_progress_ = now;  // the reader had nothing to take until now
     queued_ += bytes.size();
     queue_.emplace_back(bytes);
     last_was_newline_ = bytes.back() == '\n';
   }
   wake_.notify_one();
+}
+
+void ConsoleWriter::queue_skip_note() {
+  std::string note = std::string(last_was_newline_ ? "" : "\n") + "airhost: " + bytes_text(static_cast<double>(skipped_now_)) +
+                     " of output skipped here: the reader did not keep up (every byte is in " + where_ + ")\n";
+  queued_ += note.size();
+  queue_.push_back(std::move(note));
+  skipped_now_ = 0;
+  last_was_newline_ = true;
 }
 
 std::uint64_t ConsoleWriter::skipped_bytes() const {
@@ -112,12 +114,7 @@ bool ConsoleWriter::drain(std::chrono::milliseconds timeout) {
   for (;;) {
     if (queued_ == 0 && !writing_) {
       if (skipped_now_ == 0) return true;
-      // Output was skipped at the very end: the note still goes out.
-      std::string note = std::string(last_was_newline_ ? "" : "\n") + "airhost: " + human(skipped_now_) +
-                         " of output skipped here: the reader did not keep up (every byte is in " + where_ + ")\n";
-      skipped_now_ = 0;
-      queued_ += note.size();
-      queue_.push_back(std::move(note));
+      queue_skip_note();  // output was skipped at the very end: the note still goes out
       wake_.notify_one();
     }
     if (!drained_.wait_for(lock, timeout, [&] { return queued_ < last || (queued_ == 0 && !writing_); })) return false;

@@ -48,13 +48,15 @@ class ConsoleWriter {
 
  private:
   void run();
+  // Under mutex_: one line of its own saying how much was skipped since the last one.
+  void queue_skip_note();
   bool wait_writable(int timeout_ms) const;
 
   const int fd_;
   const std::size_t cap_;
   const std::string where_;
-  const std::size_t max_write_;  // what one write may carry without blocking (console_writer.cpp)
-  const bool socket_;
+  std::size_t max_write_ = 0;  // what one write may carry without blocking (console_writer.cpp)
+  bool socket_ = false;        // then written with MSG_DONTWAIT
   mutable std::mutex mutex_;
   std::condition_variable wake_, drained_;
   std::deque<std::string> queue_;
