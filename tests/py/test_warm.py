@@ -336,14 +336,20 @@ print("THIRD", third)
 """
 
 
-def test_the_python_api_reuses_one_warm_server_across_calls(tmp_path):
-    script = write(tmp_path / "api.py", API_SCRIPT)
+def run_api_script(tmp_path, script, **env) -> dict:
+    """Runs a caller script of the Python API with warm starts on (its own runs dir, tracking
+    off); returns what it printed as `KEY value` lines, by KEY."""
     env = dict(os.environ, AIRHOST_RUNS_DIR=str(tmp_path / "runs"), AIRHOST_TRACKING="0", AIRHOST_WARM="1",
-               AIRHOST_TEST_MARK=str(tmp_path) + os.sep)
+               AIRHOST_TEST_MARK=str(tmp_path) + os.sep, **env)
     r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
                        cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.split(" ")[0].isupper())
+    return dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.split(" ")[0].isupper())
+
+
+def test_the_python_api_reuses_one_warm_server_across_calls(tmp_path):
+    script = write(tmp_path / "api.py", API_SCRIPT)
+    out = run_api_script(tmp_path, script)
     server = int(out["SERVER"])
     first, second, third = (eval(out[k]) for k in ("FIRST", "SECOND", "THIRD"))
     assert all(ppid != server for _, ppid, _ in first)  # the first call does not wait for it
@@ -464,13 +470,8 @@ def test_the_python_apis_warm_calls_draw_fresh_random_streams_and_seeded_draws_e
     write(mods / "holds_rngs.py", HOLDS_RNGS)
     write(mods / "draws.py", DRAWS)
     script = write(tmp_path / "api.py", API_DRAWS)
-    env = dict(os.environ, AIRHOST_RUNS_DIR=str(tmp_path / "runs"), AIRHOST_TRACKING="0", AIRHOST_WARM="1",
-               AIRHOST_PRELOAD="torch,holds_rngs", PYTHONPATH=str(mods), DRAWS_DIR=str(mods),
-               AIRHOST_TEST_MARK=str(tmp_path) + os.sep)
-    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
-                       cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.split(" ")[0].isupper())
+    out = run_api_script(tmp_path, script, AIRHOST_PRELOAD="torch,holds_rngs", PYTHONPATH=str(mods),
+                         DRAWS_DIR=str(mods))
     server = int(out["SERVER"])
     cold, *warm_calls = json.loads(out["CALLS"])
     assert all(d["ppid"] != server for d in cold), "the first call starts cold"
