@@ -4,6 +4,7 @@ outputs, and interrupting the kernel mid-run stops every rank and raises Keyboar
 in the cell."""
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import sys
@@ -29,6 +30,21 @@ def kernel_manager() -> KernelManager:
     km = KernelManager(kernel_name="python3")
     km.kernel_spec.argv = [_helpers.PYTHON, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
     return km
+
+
+@contextlib.contextmanager
+def running_kernel(tmp):
+    """A real ipykernel for the test's caller environment, ready; yields (manager, client)."""
+    km = kernel_manager()
+    km.start_kernel(env=base_env(tmp), cwd=str(tmp))
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
 
 
 def kernel_env(tmp) -> dict:
@@ -139,12 +155,7 @@ def execute(kc, code: str, timeout: float, on_output=None):
 
 @pytest.mark.timeout(180)
 def test_interrupting_the_kernel_mid_run_raises_keyboard_interrupt_in_the_cell_and_leaves_no_rank(api_tmp):
-    km = kernel_manager()
-    km.start_kernel(env=base_env(api_tmp), cwd=str(api_tmp))
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=60)
+    with running_kernel(api_tmp) as (km, kc):
         interrupted = {}
 
         def interrupt_once_started(text):
@@ -162,9 +173,6 @@ def test_interrupting_the_kernel_mid_run_raises_keyboard_interrupt_in_the_cell_a
         assert _helpers.rank_processes(_helpers.runs_dir(api_tmp)) == []
         reply, text = execute(kc, "print(6 * 7)", timeout=30)
         assert reply["status"] == "ok" and text.strip() == "42"
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 BAR = """
@@ -187,12 +195,7 @@ bar.distributed()
 
 @pytest.mark.timeout(180)
 def test_a_ranks_progress_bar_reaches_the_cell_as_it_moves(api_tmp):
-    km = kernel_manager()
-    km.start_kernel(env=base_env(api_tmp), cwd=str(api_tmp))
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=60)
+    with running_kernel(api_tmp) as (km, kc):
         arrivals = []  # (when, redraws so far), one per stream message that brought more
 
         def note_redraws(text):
@@ -202,9 +205,6 @@ def test_a_ranks_progress_bar_reaches_the_cell_as_it_moves(api_tmp):
 
         reply, text = execute(kc, BAR, timeout=120, on_output=note_redraws)
         assert reply["status"] == "ok", reply
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
     # The cell gets each redraw under the rank's name; Jupyter renders the '\\r' in place.
     assert text == "".join(f"{'' if i == 0 else chr(13)}[rank 0] step {i:02d}/15" for i in range(16)) + "\n", text
     assert len(arrivals) >= 5, f"16 redraws reached the cell in {len(arrivals)} messages: {arrivals}"
