@@ -29,6 +29,17 @@ def wait_ready(started, ranks):
     started.wait_printed(ranks, "ready", timeout=60)
 
 
+def two_nodes_in_a_collective_loop(airhost):
+    """Nodes 0 and 1 on 127.0.0.1, 2 ranks each, all four in collective_loop.py and ready."""
+    port = free_port()
+    loop = script("collective_loop.py")
+    n0 = node(airhost, 0, port, loop)
+    n1 = node(airhost, 1, port, loop)
+    wait_ready(n0, [0, 1])
+    wait_ready(n1, [2, 3])
+    return n0, n1
+
+
 def host_lines(run):
     return [line for line in run.err.splitlines() if line.startswith("airhost: ")]
 
@@ -164,12 +175,7 @@ def test_a_rank_failing_on_node_1_stops_node_0_naming_node_and_rank(airhost):
 
 
 def test_killing_node_1s_airhost_ends_node_0_at_once(airhost):
-    port = free_port()
-    loop = script("collective_loop.py")
-    n0 = node(airhost, 0, port, loop)
-    n1 = node(airhost, 1, port, loop)
-    wait_ready(n0, [0, 1])
-    wait_ready(n1, [2, 3])
+    n0, n1 = two_nodes_in_a_collective_loop(airhost)
     run_dir_1 = n1.run_dir()
     t0 = time.monotonic()
     n1.signal(signal.SIGKILL)
@@ -186,12 +192,7 @@ def test_killing_node_1s_airhost_ends_node_0_at_once(airhost):
 
 
 def test_a_frozen_node_is_lost_after_node_timeout_and_both_end(airhost):
-    port = free_port()
-    loop = script("collective_loop.py")
-    n0 = node(airhost, 0, port, loop)
-    n1 = node(airhost, 1, port, loop)
-    wait_ready(n0, [0, 1])
-    wait_ready(n1, [2, 3])
+    n0, n1 = two_nodes_in_a_collective_loop(airhost)
     t0 = time.monotonic()
     n1.signal(signal.SIGSTOP)  # its airhost sends no heartbeat; its connection stays open
     try:
@@ -212,12 +213,7 @@ def test_a_frozen_node_is_lost_after_node_timeout_and_both_end(airhost):
 
 
 def test_an_interrupted_node_0_stops_node_1_saying_so(airhost):
-    port = free_port()
-    loop = script("collective_loop.py")
-    n0 = node(airhost, 0, port, loop)
-    n1 = node(airhost, 1, port, loop)
-    wait_ready(n0, [0, 1])
-    wait_ready(n1, [2, 3])
+    n0, n1 = two_nodes_in_a_collective_loop(airhost)
     n0.signal(signal.SIGTERM)
     r0, r1 = n0.finish(timeout=30), n1.finish(timeout=30)
     r0.assert_rc(143)
@@ -229,12 +225,7 @@ def test_an_interrupted_node_0_stops_node_1_saying_so(airhost):
 def test_a_frozen_node_0_is_lost_by_node_1_and_no_frame_arrives_corrupted(airhost):
     """The other direction of the test above: node 1 is the one left, and the link writes from
     a buffer (never a frame in part), so neither node, node 0 thawed included, reads garbage."""
-    port = free_port()
-    loop = script("collective_loop.py")
-    n0 = node(airhost, 0, port, loop)
-    n1 = node(airhost, 1, port, loop)
-    wait_ready(n0, [0, 1])
-    wait_ready(n1, [2, 3])
+    n0, n1 = two_nodes_in_a_collective_loop(airhost)
     t0 = time.monotonic()
     n0.signal(signal.SIGSTOP)
     try:
