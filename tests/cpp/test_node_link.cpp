@@ -90,6 +90,26 @@ bool eventually(F f, std::chrono::milliseconds limit = 5s) {
   return f();
 }
 
+// A raw peer, not an airhost: a socket connected to node 0 on 127.0.0.1:`port` (with a receive
+// buffer of `rcvbuf` bytes when given) that has sent `hello` and nothing else. Its fd is the
+// caller's to close.
+int raw_peer(int port, const std::string& hello, int rcvbuf = 0) {
+  int fd = -1;
+  REQUIRE(eventually([&] {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (rcvbuf) ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return true;
+    ::close(fd);
+    return false;
+  }));
+  REQUIRE(::send(fd, hello.data(), hello.size(), 0) == static_cast<ssize_t>(hello.size()));
+  return fd;
+}
+
 // Node 0 and node 1 joined over 127.0.0.1.
 std::pair<std::unique_ptr<NodeLink>, std::unique_ptr<NodeLink>> joined_pair(int port) {
   auto zero = std::async(std::launch::async, [port] { return NodeLink::join(config(0, 2, 2, port), {}); });
@@ -188,19 +208,8 @@ TEST_CASE("a node that stays silent for node_timeout is lost") {
   const int port = free_port();
   auto zero = std::async(std::launch::async, [port] { return NodeLink::join(config(0, 2, 2, port), {}); });
   // A node that joins, then never sends another byte (cut off from the network).
-  int fd = -1;
-  REQUIRE(eventually([&] {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return true;
-    ::close(fd);
-    return false;
-  }));
-  const std::string hello = encode_frame(static_cast<std::uint16_t>(LinkKind::hello), encode_hello(node(1, 2, 2, "mute")));
-  REQUIRE(::send(fd, hello.data(), hello.size(), 0) == static_cast<ssize_t>(hello.size()));
+  const int fd =
+      raw_peer(port, encode_frame(static_cast<std::uint16_t>(LinkKind::hello), encode_hello(node(1, 2, 2, "mute"))));
   auto link = zero.get();
   Downs at_zero;
   const auto t0 = std::chrono::steady_clock::now();
@@ -291,20 +300,8 @@ struct NonReader {
   std::atomic<bool> stop{false};
   std::thread beats;
   explicit NonReader(int port) {
-    REQUIRE(eventually([&] {
-      fd = ::socket(AF_INET, SOCK_STREAM, 0);
-      const int small = 4096;
-      ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
-      sockaddr_in a{};
-      a.sin_family = AF_INET;
-      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-      a.sin_port = htons(static_cast<uint16_t>(port));
-      if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) return true;
-      ::close(fd);
-      return false;
-    }));
-    const std::string hello = encode_frame(static_cast<std::uint16_t>(LinkKind::hello), encode_hello(node(1, 3, 2, "wedged")));
-    REQUIRE(::send(fd, hello.data(), hello.size(), 0) == static_cast<ssize_t>(hello.size()));
+    fd = raw_peer(port, encode_frame(static_cast<std::uint16_t>(LinkKind::hello), encode_hello(node(1, 3, 2, "wedged"))),
+                  4096);
     beats = std::thread([this] {
       const std::string beat = link_frame(LinkKind::heartbeat);
       while (!stop) {
