@@ -308,6 +308,9 @@ RunReport Launcher::run() {
   } catch (const std::system_error& e) {
     throw LaunchError(std::string(e.what()) + "; choose another with --run-dir or AIRHOST_RUNS_DIR");
   }
+  // What the host itself says from here on (the join, the ranks' notes, restarts) goes to the
+  // host log and, never blocking on the reader, to the caller's terminal.
+  detail::HostOutput out(spec.output.forward, spec.run_dir);
 
   std::string target = spec.entry.target;
   if (spec.entry.kind == Entry::Kind::pickled && target.empty()) {
@@ -341,7 +344,7 @@ RunReport Launcher::run() {
     config.node_timeout = spec.node_timeout;
     config.join_timeout = spec.join_timeout;
     if (spec.timeout.count() > 0) config.join_timeout = std::min(config.join_timeout, std::chrono::milliseconds(spec.timeout));
-    config.say = spec.output.forward;
+    config.say = [&out](const std::string& line) { out.say(line); };
     try {
       link = detail::NodeLink::join(config, [this] {
         std::lock_guard lock(impl_->mutex);
@@ -387,7 +390,6 @@ RunReport Launcher::run() {
   // One Supervisor per attempt: a failed attempt is over (every rank reaped, every pipe
   // drained) before the next one starts, with the same run directory, port and logs.
   std::vector<std::string> failed_attempts;
-  std::uint64_t unshown_bytes = 0;
   RunReport report;
   bool warm = !spec.warm_socket.empty();
   std::string start_mode;
@@ -397,8 +399,12 @@ RunReport Launcher::run() {
     plan.spec = &spec;
     plan.callbacks = &impl_->callbacks;
     plan.context = {spec.run_id, spec.run_dir, master_port, static_cast<int>(::getpid()), 3, attempt};
-    if (link)
+    plan.out = &out;
+    if (link) {
       plan.on_teardown = [&link](Outcome, const std::string& why, bool cascade) { link->tell_down(why, cascade); };
+      plan.on_alive = [&link] { link->loop_alive(); };
+      plan.alive_every = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(spec.node_timeout) / 4, std::chrono::milliseconds(50), std::chrono::milliseconds(1000));
+    }
     plan.base_env = base_env;
     plan.rank_argv = rank_argv;
     if (spec.timeout.count() > 0) {
@@ -424,7 +430,7 @@ RunReport Launcher::run() {
       if (!impl_->pending_abort.empty()) supervisor.abort(impl_->pending_abort);
     }
     report = supervisor.run();
-    unshown_bytes += report.unshown_bytes;
+    if (link) link->unwatch_loop();  // the wait for the other nodes is not a stuck loop
     {
       std::lock_guard lock(impl_->mutex);
       impl_->supervisor = nullptr;
@@ -434,14 +440,16 @@ RunReport Launcher::run() {
     }
     failed_attempts.push_back(report.message);
     const RestartEvent event{attempt + 1, spec.max_restarts, report.message};
-    if (impl_->callbacks.on_restart) impl_->callbacks.on_restart(event);
-    else if (spec.output.forward)
-      std::fprintf(stderr, "airhost: %s; restarting all %d rank(s) (restart %d of %d)\n", report.message.c_str(),
-                   spec.nprocs, event.restart, event.max_restarts);
-    // The logs go on in the same files; a line in each stderr log says where an attempt begins.
+    const std::string line = report.message + "; restarting all " + std::to_string(spec.nprocs) + " rank(s) (restart " +
+                             std::to_string(event.restart) + " of " + std::to_string(event.max_restarts) + ")";
+    if (impl_->callbacks.on_restart) impl_->callbacks.on_restart(event), out.log(line);
+    else out.say(line);
+    // The logs go on in the same files; a line in each stderr log says where an attempt begins,
+    // always on a line of its own (a rank stopped mid-line leaves its line unfinished).
     const std::string mark = "----- airhost: restart " + std::to_string(event.restart) + " of " +
                              std::to_string(event.max_restarts) + " -----\n";
-    for (const auto& r : report.ranks) detail::append_file(r.stderr_log, mark);
+    for (const auto& r : report.ranks)
+      detail::append_file(r.stderr_log, (detail::ends_line(r.stderr_log) ? "" : "\n") + mark);
   }
   sweep_results_dir(spec.run_dir);
   // Results over 64 KiB came as descriptors (ResultBlob). Unless the caller reads them from
@@ -452,7 +460,7 @@ RunReport Launcher::run() {
       try {
         r.result = r.result_blob->to_string();
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "airhost: cannot read the result of rank %d: %s\n", r.rank, e.what());
+        out.say("cannot read the result of rank " + std::to_string(r.rank) + ": " + e.what());
       }
       r.result_blob.reset();
     }
@@ -460,7 +468,7 @@ RunReport Launcher::run() {
   if (link) settle_with_other_nodes(*link, spec, report, started);
   link.reset();  // what it still has to say is sent; then the connections close
   report.restarts = attempt;
-  report.unshown_bytes = unshown_bytes;  // of every attempt
+  report.unshown_bytes = out.close();  // of every attempt
   report.warm = warm;
   report.start_mode = start_mode;
   report.failed_attempts = std::move(failed_attempts);
@@ -473,7 +481,7 @@ RunReport Launcher::run() {
   try {
     detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json(report, spec));
   } catch (const std::system_error& e) {
-    std::fprintf(stderr, "airhost: %s\n", e.what());  // the run itself is over; say so and go on
+    out.say(e.what());  // the run itself is over; say so and go on
   }
   return report;
 }

@@ -49,7 +49,7 @@ std::string peer_address(const sockaddr_storage& sa) {
 }
 
 void say(const NodeLinkConfig& cfg, const std::string& line) {
-  if (cfg.say) std::fprintf(stderr, "airhost: node %d of %d: %s\n", cfg.node_rank, cfg.nnodes, line.c_str());
+  if (cfg.say) cfg.say("node " + std::to_string(cfg.node_rank) + " of " + std::to_string(cfg.nnodes) + ": " + line);
 }
 
 std::string join_list(const std::vector<std::string>& items) {

@@ -25,7 +25,9 @@ struct NodeLinkConfig {
   // Every how often a node says it is alive; 0: node_timeout / 3, between 0.1 and 1 s, so
   // that two heartbeats can go missing before a node is taken for silent.
   std::chrono::milliseconds heartbeat{0};
-  bool say = true;                        // progress lines ("waiting for node 0") on stderr
+  // Where progress lines go ("node 1 of 2: waiting for node 0 at ..."), without "airhost: " or
+  // '\n'; empty: nowhere. The launcher's goes to the host log and, never blocking, to stderr.
+  std::function<void(const std::string& line)> say;
 };
 
 // A node did not join within join_timeout (or node 0 never answered): exit 138, node_lost.

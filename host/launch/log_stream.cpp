@@ -196,11 +196,8 @@ void RankStream::feed(std::string_view bytes, std::uint64_t now_ms) {
   live_.feed(bytes, now_ms, on_show_);
 }
 
-void RankStream::note(std::string_view line) {
-  write_all(log_fd_, line);
-  if (on_line_) lines_.feed(line, [this](std::string_view l, bool) { on_line_(l); });
+void RankStream::show_line(std::string_view line) {
   live_.break_line(on_show_);
-  if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
   on_show_({ConsoleEvent::Kind::text, line});
   on_show_({ConsoleEvent::Kind::end, {}});
 }

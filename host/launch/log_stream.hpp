@@ -164,9 +164,9 @@ class RankStream {
   void feed(std::string_view bytes, std::uint64_t now_ms);
   void tick(std::uint64_t now_ms) { live_.tick(now_ms, on_show_); }
   std::uint64_t deadline() const noexcept { return live_.deadline(); }
-  // airhost's own line about the rank (with its '\n'): into the log where it falls, and on
-  // the console as a line of its own.
-  void note(std::string_view line);
+  // airhost's own line about the rank (no '\n'): on the console as a line of its own, under
+  // the rank's name. Not in the log, nor to on_line: those are the rank's bytes alone.
+  void show_line(std::string_view line);
   void finish();
   const std::string& log_path() const noexcept { return log_path_; }
 

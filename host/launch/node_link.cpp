@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <mutex>
@@ -76,6 +77,11 @@ struct NodeLink::Impl {
   std::vector<std::string> outbox;  // frames for every peer, queued by other threads
   bool stop = false;
   GroupState group;
+
+  // When the host's loop last turned (steady clock, ns); 0 while it is not watched. Set by
+  // the loop's thread, read by the link's.
+  std::atomic<std::int64_t> loop_turned{0};
+  bool loop_stuck = false;  // the link's thread alone: this node said its loop is stuck
 
   bool hub() const { return cfg.node_rank == 0; }
 
@@ -267,9 +273,12 @@ struct NodeLink::Impl {
       end_if_all_done();
 
       auto now = Clock::now();
+      watch_loop(now);
       if (now >= next_beat) {
-        for (auto& p : peers)
-          if (!is_gone(p)) send_to(p, beat);
+        // A node whose loop is stuck beats no more: the beats say its ranks are watched.
+        if (!loop_stuck)
+          for (auto& p : peers)
+            if (!is_gone(p)) send_to(p, beat);
         next_beat = now + heartbeat;
       }
       for (auto& p : peers) {
@@ -314,6 +323,27 @@ struct NodeLink::Impl {
     }
   }
 
+  // The host's loop has not turned for node_timeout: nothing watches this node's ranks (no
+  // timeout, no reaping, no teardown), so the other nodes must not count on them. Told once,
+  // as this node's own report: node 0 hears it (and relays it), and so does on_down here,
+  // whose abort() ends the run should the loop come back.
+  void watch_loop(Clock::time_point now) {
+    const std::int64_t turned = loop_turned.load(std::memory_order_relaxed);
+    if (loop_stuck || turned == 0) return;
+    const auto silent = now - Clock::time_point(Clock::duration(turned));
+    if (silent <= cfg.node_timeout) return;
+    loop_stuck = true;
+    const NodeHello& self = nodes[static_cast<std::size_t>(cfg.node_rank)];
+    const NodeDown d{cfg.node_rank,
+                     describe_node(self) + " stopped: its airhost's loop has not turned for " +
+                         duration_text(std::chrono::duration_cast<milliseconds>(silent)) +
+                         " (node_timeout), so nothing watches its ranks (a callback of the embedding program "
+                         "that does not return, or a write to a file system that hangs)",
+                     false};
+    if (!hub()) send_outbox({down_frame(attempt, d)});
+    report(attempt, d, cfg.node_rank, nullptr);  // node 0 relays it to every other node
+  }
+
   void run_loop() noexcept {
     try {
       loop();
@@ -353,6 +383,12 @@ void NodeLink::start(std::function<void(const NodeDown&)> on_down) {
   }
   ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);  // restoring a mask that was in effect cannot fail
 }
+
+void NodeLink::loop_alive() noexcept {
+  impl_->loop_turned.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+}
+
+void NodeLink::unwatch_loop() noexcept { impl_->loop_turned.store(0, std::memory_order_relaxed); }
 
 void NodeLink::tell_down(const std::string& why, bool cascade) {
   Impl& s = *impl_;

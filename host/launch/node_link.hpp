@@ -12,7 +12,9 @@
 //            none of them listens (see port.hpp for the same rule).
 //   run      heartbeats both ways, every second (less for a short node_timeout). A node whose
 //            connection closes (its airhost exited or was killed), or that stays silent for
-//            node_timeout (cut off, frozen), is lost. A node that tears down its ranks (a rank
+//            node_timeout (cut off, frozen), is lost. The heartbeats stand for the host's loop
+//            as well as its link: a node whose loop stops turning while its link thread lives
+//            says it is down and stops beating (loop_alive()). A node that tears down its ranks (a rank
 //            failed, a timeout, a signal) says so first. Node 0 relays what it hears, so
 //            every node learns of every other: the star has node 0 at its centre.
 //   finish   a node whose ranks all succeeded says "done" and waits until node 0 has heard
@@ -59,6 +61,16 @@ class NodeLink {
   // This node is tearing its ranks down; `why` follows "node N (host) ", e.g. "failed: rank 3
   // exited with code 1". Any thread.
   void tell_down(const std::string& why, bool cascade);
+
+  // The host's loop turns: called by it every heartbeat or so while it supervises ranks (any
+  // thread). From the first call until unwatch_loop(), a loop that stops turning for
+  // node_timeout (an embedding program's callback that never returns, a log write on a hung
+  // file system) stops this node's heartbeats: the link tells the other nodes this node is
+  // down and why, and reports it to on_down here too, so the run ends by the contract
+  // everywhere rather than the others waiting on ranks nobody watches.
+  void loop_alive() noexcept;
+  // The loop is done supervising (the attempt is over): its silence means nothing now.
+  void unwatch_loop() noexcept;
 
   // The most telling report heard so far: the first that is not a cascade, else the first.
   std::optional<NodeDown> down() const;

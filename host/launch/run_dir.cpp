@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "airhost/launch.hpp"
+#include "base/unique_fd.hpp"
 #include "base/util.hpp"
 
 namespace airhost {
@@ -86,6 +87,13 @@ void write_file_atomic(const std::string& path, const std::function<void(int fd)
     ::unlink(tmp.c_str());
     throw std::system_error(err, std::generic_category(), "cannot write " + path);
   }
+}
+
+bool ends_line(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return true;
+  char last = '\n';
+  return ::pread(fd.get(), &last, 1, ::lseek(fd.get(), 0, SEEK_END) - 1) != 1 || last == '\n';
 }
 
 bool append_file(const std::string& path, const std::string& data) {

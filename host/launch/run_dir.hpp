@@ -24,4 +24,8 @@ void write_file_atomic(const std::string& path, const std::function<void(int fd)
 // Appends `data` to `path` (created 0600). Best effort: returns false when it cannot.
 bool append_file(const std::string& path, const std::string& data);
 
+// True when the file at `path` is empty or missing, or its last byte is a '\n': what is
+// appended next starts a line.
+bool ends_line(const std::string& path);
+
 }  // namespace airhost::detail

@@ -127,6 +127,7 @@ struct Supervisor::Impl {
   Escapees escapees;
   std::vector<std::unique_ptr<Rank>> ranks;
   uv_timer_t timeout_timer{}, grace_timer{};
+  uv_timer_t alive_timer{};  // tells plan.on_alive that the loop turns (the node link's watch)
   uv_signal_t signals[3]{};
   struct sigaction saved_actions[3]{};  // what the signals did before the run: put back after it
   int signal_count = 0;
@@ -167,7 +168,7 @@ struct Supervisor::Impl {
       const std::string text = std::string(where) + " threw: " + what;
       if (cause.host_error.empty()) cause.host_error = text;
       if (console) console->end_open_lines(), flush_output();  // the note gets a line of its own
-      to_stderr("airhost: " + text + "; stopping every rank\n");
+      plan.out->say(text + "; stopping every rank");
       if (teardown_why.empty() && phase != Phase::tearing_down) teardown_why = "failed: " + text;
       begin_teardown(Outcome::failed, SIGTERM);
     } catch (...) {
@@ -216,16 +217,10 @@ struct Supervisor::Impl {
   // per line. This one thread writes, in the order Console gave, so lines never interleave.
   std::unique_ptr<Console> console;
   static constexpr std::size_t kFlushAt = 1u << 20;
-  // The host's stdout and stderr, written by threads of their own: a reader that stalls
-  // (a paused terminal, a pipe nobody reads) must never stop this loop (console_writer.hpp).
-  std::unique_ptr<ConsoleWriter> stdout_writer, stderr_writer;
+  // The host's stdout and stderr are written by threads of their own (plan.out, for the whole
+  // run): a reader that stalls (a paused terminal, a pipe nobody reads) must never stop this
+  // loop (console_writer.hpp).
   static constexpr auto kFinalDrain = std::chrono::seconds(2);
-  std::uint64_t unshown_bytes = 0;  // for the report: what the reader never got
-
-  void to_stderr(std::string_view bytes) {
-    if (stderr_writer) stderr_writer->write(bytes);
-    else write_all(STDERR_FILENO, bytes);
-  }
   // A partial line is held this long for its end before it is shown (LiveSplitter).
   static constexpr std::uint64_t kQuietMs = 150;
   uv_timer_t output_timer{};  // shows held partial lines when their quiet spell is over
@@ -245,10 +240,11 @@ struct Supervisor::Impl {
 
   void flush_output() {
     const auto& to_caller = plan.callbacks->on_console;
-    // stdout's writer is stderr's when both lead to one terminal or file (see run()).
-    ConsoleWriter* out_writer = stdout_writer ? stdout_writer.get() : stderr_writer.get();
+    // stdout's writer is stderr's when both lead to one terminal or file (host_output.hpp).
+    ConsoleWriter* out_writer = plan.out->out();
+    ConsoleWriter* err_writer = plan.out->err();
     for (const auto& [stream, bytes] : console->pending()) {
-      if (stderr_writer) (stream == Stream::out ? out_writer : stderr_writer.get())->write(bytes);
+      if (err_writer) (stream == Stream::out ? out_writer : err_writer)->write(bytes);
       if (to_caller) user_callback("the on_console callback", on_console_broken, [&] { to_caller(stream, bytes); });
     }
     console->clear_pending();
@@ -278,10 +274,13 @@ struct Supervisor::Impl {
     arm_output_timer();
   }
 
-  // airhost's own word about a rank, in its stderr log and output, on a line of its own.
+  // airhost's own word about a rank: on the console under the rank's name, on a line of its
+  // own (a bar the rank was drawing is ended first), and in the host log; never in the rank's
+  // log, which keeps the rank's bytes as written.
   void note(Rank& r, const std::string& text) {
-    r.err_stream->note("airhost: " + text + "\n");
+    r.err_stream->show_line("airhost: " + text);
     flush_output();
+    plan.out->log("rank " + std::to_string(r.report.rank) + ": " + text);
   }
 
   void on_frame(Rank& r, Frame&& f) {
@@ -680,6 +679,7 @@ struct Supervisor::Impl {
     uv_close(as_handle(&timeout_timer), nullptr);
     uv_close(as_handle(&grace_timer), nullptr);
     uv_close(as_handle(&output_timer), nullptr);
+    uv_close(as_handle(&alive_timer), nullptr);
     escapees.close();
     if (signal_count) {
       // libuv leaves a signal it stops watching at SIG_DFL; what the program had before the
@@ -712,7 +712,6 @@ struct Supervisor::Impl {
     rep.run_dir = plan.context.run_dir;
     rep.wall_seconds = now_seconds() - start_time;
     rep.interrupt_signal = cause.interrupt_signal;
-    rep.unshown_bytes = unshown_bytes;
     std::vector<bool> signalled;
     for (auto& r : ranks) {
       rep.ranks.push_back(r->report);
@@ -780,7 +779,16 @@ struct Supervisor::Impl {
     uv_timer_init(&loop, &timeout_timer);
     uv_timer_init(&loop, &grace_timer);
     uv_timer_init(&loop, &output_timer);
-    timeout_timer.data = grace_timer.data = output_timer.data = this;
+    uv_timer_init(&loop, &alive_timer);
+    timeout_timer.data = grace_timer.data = output_timer.data = alive_timer.data = this;
+    if (plan.on_alive) {
+      plan.on_alive();
+      const auto every = static_cast<std::uint64_t>(std::max<long long>(plan.alive_every.count(), 1));
+      uv_timer_start(&alive_timer, [](uv_timer_t* t) {
+        auto* self = static_cast<Impl*>(t->data);
+        self->guarded("the loop's heartbeat", [&] { self->plan.on_alive(); });
+      }, every, every);
+    }
     // One terminal (or file) behind both: a line open on stdout must end before stderr writes.
     console = std::make_unique<Console>(same_file(STDOUT_FILENO, STDERR_FILENO));
     uv_async_init(&loop, &async, [](uv_async_t* a) {
@@ -793,14 +801,6 @@ struct Supervisor::Impl {
       async_ready = true;
     }
     if (spec().handle_signals) watch_signals();
-    if (spec().output.forward) {
-      const std::string logs = "the logs in " + plan.context.run_dir + "/logs";
-      stderr_writer = std::make_unique<ConsoleWriter>(STDERR_FILENO, ConsoleWriter::kDefaultCap, logs);
-      // One terminal (or file) behind both: one writer, so that its order is the loop's and
-      // no line of one stream is cut by the other's.
-      if (!same_file(STDOUT_FILENO, STDERR_FILENO))
-        stdout_writer = std::make_unique<ConsoleWriter>(STDOUT_FILENO, ConsoleWriter::kDefaultCap, logs);
-    }
     escapees.start(&loop, &guard, plan.context.run_id, spec().reap_orphans, [this] {
       std::set<int> pids;
       for (auto& r : ranks)
@@ -832,11 +832,7 @@ struct Supervisor::Impl {
     uv_run(&loop, UV_RUN_DEFAULT);
     // What the reader has not taken yet gets a moment more (the run's last lines); a reader
     // that takes nothing at all does not keep the run, nor the summary, waiting.
-    for (auto* w : {stdout_writer.get(), stderr_writer.get()}) {
-      if (!w) continue;
-      w->drain(kFinalDrain);
-      unshown_bytes += w->close();
-    }
+    plan.out->drain(kFinalDrain);
     escapees.reap_after_run();
     uv_loop_close(&loop);
     return report();

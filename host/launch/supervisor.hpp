@@ -8,6 +8,7 @@
 
 #include "airhost/callbacks.hpp"
 #include "airhost/report.hpp"
+#include "launch/host_output.hpp"
 #include "launch/rank_env.hpp"
 #include "launch/rank_starter.hpp"
 
@@ -36,6 +37,12 @@ class Supervisor {
     // `cascade` when this node only follows another one's failure (abort(), or a rank that
     // failed because it lost a peer). The node link tells the other nodes with it.
     std::function<void(Outcome reason, const std::string& why, bool cascade)> on_teardown;
+    // Where the host's own output goes (the caller's terminal, the host log); not null.
+    HostOutput* out = nullptr;
+    // Called on the loop's thread every `alive_every` while the loop turns: the node link stops
+    // heartbeating for a node whose loop is stuck (node_link.hpp).
+    std::function<void()> on_alive;
+    std::chrono::milliseconds alive_every{1000};
   };
 
   Supervisor(Plan plan, std::unique_ptr<RankStarter> starter);

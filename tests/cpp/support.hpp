@@ -1,8 +1,12 @@
 // support.hpp — what several doctest files need: a scratch directory and scoped variables.
 #pragma once
 
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -66,5 +70,18 @@ class ScopedEnv {
   }
   std::map<std::string, std::optional<std::string>> saved_;
 };
+
+// A TCP port on 127.0.0.1 that was free a moment ago (the kernel's pick).
+inline int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
 
 }  // namespace airhost_test

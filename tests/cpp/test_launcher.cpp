@@ -7,8 +7,10 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
+#include <future>
 #include <mutex>
 #include <thread>
 
@@ -18,6 +20,7 @@
 using namespace airhost;
 
 using airhost_test::TempDir;
+using airhost_test::free_port;
 
 namespace {
 
@@ -364,4 +367,51 @@ TEST_CASE("a rank whose exit is seen before its error frame is still named with 
   CHECK(report.ranks[0].error->type == "ValueError");
   CHECK(report.message.find("rank 0 exited with code 1 (ValueError: late but first)") != std::string::npos);
   CHECK(report.ranks[1].state == RankState::stopped);
+}
+
+TEST_CASE("a node whose loop is stuck in the embedding program's callback is lost by the others within node_timeout") {
+  // Issue 22: the node link's thread heartbeated for a node whose supervisor loop was frozen,
+  // so the other nodes waited on ranks that nothing watched. Two nodes in this process, one
+  // rank each; node 1's on_output never returns (until the test lets it).
+  TempDir dir;
+  auto script = dir.write("chatty.py", "import time\nfor i in range(300):\n    print('line', i, flush=True)\n    time.sleep(0.1)\n");
+  const int port = free_port();
+  auto node_spec = [&](int node) {
+    LaunchSpec spec = spec_for(dir, script, 1);
+    spec.nnodes = 2;
+    spec.node_rank = node;
+    spec.master_port = port;
+    spec.node_timeout = std::chrono::seconds(2);
+    spec.join_timeout = std::chrono::seconds(20);
+    spec.timeout = std::chrono::seconds(60);
+    return spec;
+  };
+  std::mutex m;
+  std::condition_variable cv;
+  bool released = false;
+  Callbacks stuck;
+  stuck.on_output = [&](int, Stream, std::string_view) {
+    std::unique_lock lock(m);
+    cv.wait_for(lock, std::chrono::seconds(40), [&] { return released; });
+  };
+  Launcher one(node_spec(1), stuck);
+  auto at_one = std::async(std::launch::async, [&] { return one.run(); });
+  Launcher zero(node_spec(0), Callbacks{});
+  const auto t0 = std::chrono::steady_clock::now();
+  RunReport report = zero.run();
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  {
+    std::lock_guard lock(m);
+    released = true;
+  }
+  cv.notify_all();
+  RunReport report_one = at_one.get();
+  CHECK(waited < std::chrono::seconds(12));  // the join, node_timeout, the teardown; not the 30 s script
+  CHECK(report.outcome == Outcome::node_lost);
+  CHECK(report.exit_code == 138);
+  CHECK(report.message.find("node 1") != std::string::npos);
+  CHECK(report.message.find("loop has not turned") != std::string::npos);
+  CHECK(report_one.outcome == Outcome::node_lost);  // once its loop is back, node 1 ends too
+  CHECK(report_one.exit_code == 138);
+  for (const auto& r : report_one.ranks) CHECK(r.state != RankState::running);
 }

@@ -4,7 +4,9 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "launch/log_stream.hpp"
 
@@ -360,23 +362,26 @@ TEST_CASE("without prefixes a redraw is a bare carriage return, and lines still 
   CHECK(c.pending_bytes() == 2);
 }
 
-TEST_CASE("a host note gets a line of its own on the console and stays where it fell in the log") {
+TEST_CASE("a host note gets a line of its own on the console and never enters the rank's log or lines") {
+  // Issue 22: a note used to land in the rank's raw log, glued to its unfinished line (a bar).
   char dir[] = "/tmp/airhost-logtest-XXXXXX";
   REQUIRE(mkdtemp(dir));
   const std::string path = std::string(dir) + "/rank-0.stderr.log";
   Console console(false);
+  std::vector<std::string> lines;
   {
-    RankStream stream(path, 1 << 20, kQuiet, nullptr,
+    RankStream stream(path, 1 << 20, kQuiet, [&](std::string_view l) { lines.emplace_back(l); },
                       [&](const ConsoleEvent& e) { console.show(0, airhost::Stream::err, "[rank 0] ", e); });
     stream.feed("half a line", 0);
-    stream.note("airhost: a note\n");
+    stream.show_line("airhost: a note");
     stream.feed(" and its end\n", 1);
     stream.finish();
   }
   CHECK(written(console) == "err:[rank 0] half a line\n[rank 0] airhost: a note\n[rank 0]  and its end\n");
+  CHECK(lines == std::vector<std::string>{"half a line and its end"});
   std::ifstream in(path, std::ios::binary);
   std::stringstream got;
   got << in.rdbuf();
-  CHECK(got.str() == "half a lineairhost: a note\n and its end\n");
+  CHECK(got.str() == "half a line and its end\n");
   std::system((std::string("rm -rf ") + dir).c_str());
 }

@@ -24,9 +24,12 @@
 #include "launch/frames.hpp"
 #include "launch/node_link.hpp"
 
+#include "support.hpp"
+
 using namespace airhost;
 using namespace airhost::detail;
 using namespace std::chrono_literals;
+using airhost_test::free_port;
 
 namespace {
 
@@ -40,18 +43,6 @@ NodeHello node(int rank, int nnodes, int nprocs, const std::string& host, const 
   return h;
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 NodeLinkConfig config(int rank, int nnodes, int nprocs, int port) {
   NodeLinkConfig c;
   c.node_rank = rank;
@@ -60,8 +51,7 @@ NodeLinkConfig config(int rank, int nnodes, int nprocs, int port) {
   c.master_addr = "127.0.0.1";
   c.master_port = port;
   c.node_timeout = 1s;
-  c.join_timeout = 5s;
-  c.say = false;
+  c.join_timeout = 5s;  // no say: the tests' output stays quiet
   return c;
 }
 
@@ -220,6 +210,46 @@ TEST_CASE("a node that stays silent for node_timeout is lost") {
   CHECK(waited < 3s);
   CHECK(at_zero.get()[0].message == "node 1 (mute, 127.0.0.1) was lost: nothing heard from it for 1 s (node_timeout)");
   ::close(fd);
+}
+
+TEST_CASE("a node whose host loop stops turning tells the others it is down, and stops heartbeating") {
+  // Issue 22: the link's thread kept beating for a node whose loop was frozen, so the other
+  // nodes waited on ranks that nothing watched. Node 1's loop turns for a while, then stops.
+  const int port = free_port();
+  auto [zero, one] = joined_pair(port);
+  Downs at_zero, at_one;
+  zero->start(at_zero.callback());
+  one->start(at_one.callback());
+  for (int i = 0; i < 10; ++i) {  // a loop that turns keeps the node in: 1.5 s, over node_timeout
+    one->loop_alive();
+    std::this_thread::sleep_for(150ms);
+  }
+  CHECK(at_zero.get().empty());
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(eventually([&] { return !at_zero.get().empty(); }, 4s));
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(waited >= 900ms);  // node_timeout: 1 s
+  CHECK(waited < 2500ms);
+  const NodeDown d = at_zero.get()[0];
+  CHECK(d.node == 1);
+  CHECK_FALSE(d.cascade);
+  CHECK(d.message.find("stopped: its airhost's loop has not turned for 1") != std::string::npos);
+  REQUIRE(eventually([&] { return !at_one.get().empty(); }, 1s));  // and node 1 knows it too
+  CHECK(at_one.get()[0].node == 1);
+  // A loop that is no longer watched (its attempt is over) means nothing.
+  one->unwatch_loop();
+}
+
+TEST_CASE("a loop that is not watched, or that turns, never stops the heartbeats") {
+  const int port = free_port();
+  auto [zero, one] = joined_pair(port);
+  Downs at_zero;
+  zero->start(at_zero.callback());
+  one->start({});
+  one->loop_alive();
+  one->unwatch_loop();  // e.g. the exit barrier: the main thread waits on the link, rightly
+  std::this_thread::sleep_for(2500ms);
+  CHECK(at_zero.get().empty());
 }
 
 TEST_CASE("nodes that disagree are refused on both sides with one message") {

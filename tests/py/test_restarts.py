@@ -47,6 +47,21 @@ def test_a_failed_group_is_restarted_with_the_restart_count_until_it_succeeds(ai
     assert log1 == ("rank 1 fails on attempt 0\n----- airhost: restart 1 of 3 -----\n"
                     "rank 1 fails on attempt 1\n----- airhost: restart 2 of 3 -----\n"), log1
     assert [r["state"] for r in j["ranks"]] == ["succeeded"] * 3
+    # what the host said is in its own log, with its time
+    host_log = (Path(run.run_dir) / "logs" / "host.log").read_text()
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} .*restarting all 3 rank\(s\) \(restart 2 of 3\)$",
+                     host_log, re.M), host_log
+
+
+def test_a_restart_mark_starts_a_line_of_its_own_after_a_rank_stopped_mid_line(airhost, tmp_path):
+    # A rank killed while drawing a bar leaves its line unfinished; the mark must not be glued to it.
+    script = tmp_path / "bar.py"
+    script.write_text("import os, sys\n"
+                      "if os.environ['RANK'] == '1' and os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+                      "    sys.stderr.write('epoch 1:  40%|####'); sys.stderr.flush(); os._exit(5)\n")
+    run = airhost(str(script), "-n", "2", "--max-restarts", "1", "--grace", "5")
+    run.assert_rc(0)
+    assert run.log(1, "stderr").decode() == "epoch 1:  40%|####\n----- airhost: restart 1 of 1 -----\n"
 
 
 def test_a_group_that_keeps_failing_exits_with_the_ranks_code_once_no_restart_is_left(airhost):
