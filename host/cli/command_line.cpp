@@ -14,7 +14,7 @@ namespace {
 
 enum class FlagId {
   accelerators, timeout, grace, python, run_dir, master_addr, master_port, max_restarts,
-  nnodes, node_rank, node_timeout, join_timeout,
+  nnodes, node_rank, node_timeout, join_timeout, join_token_file,
   prefix, no_prefix, ranks, env, config, preflight, tracking, no_tracking, json, module, help, version,
   preload, cold, print_env,
 };
@@ -40,6 +40,7 @@ const std::vector<FlagSpec>& flag_specs() {
       {FlagId::node_rank, {"--node-rank", "--node_rank"}, true, "0"},
       {FlagId::node_timeout, {"--node-timeout"}, true, "30s"},
       {FlagId::join_timeout, {"--join-timeout"}, true, "10m"},
+      {FlagId::join_token_file, {"--join-token-file"}, true, "/run/secrets/airhost-join-token"},
       {FlagId::prefix, {"--prefix"}, false, ""},
       {FlagId::no_prefix, {"--no-prefix"}, false, ""},
       {FlagId::ranks, {"--ranks"}, true, "0,2,3"},
@@ -283,6 +284,11 @@ class Parser {
         (spec.id == FlagId::node_timeout ? s.node_timeout : s.join_timeout) = d;
         break;
       }
+      case FlagId::join_token_file:
+        if (value.empty())
+          throw ConfigError(name + " needs a file holding the job's join token; e.g. " + name + " " + spec.example);
+        s.join_token_file = value;
+        break;
       case FlagId::prefix: s.prefix = true; break;
       case FlagId::no_prefix: s.prefix = false; break;
       case FlagId::ranks: s.ranks = parse_ranks(name, value); break;

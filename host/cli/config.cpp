@@ -39,6 +39,7 @@ void Settings::merge(const Settings& over) {
   take(max_restarts, over.max_restarts);
   take(node_timeout, over.node_timeout);
   take(join_timeout, over.join_timeout);
+  take(join_token_file, over.join_token_file);
   take(preflight, over.preflight);
   take(tracking, over.tracking);
   take(preload, over.preload);
@@ -221,6 +222,8 @@ constexpr KeyDoc kTopKeys[] = {
     {"node_rank", "a non-negative integer (this node's rank, below nnodes)", "node_rank = 0"},
     {"node_timeout", "a whole number of seconds, at least 1, or a duration string", "node_timeout = \"30s\""},
     {"join_timeout", "a whole number of seconds, at least 1, or a duration string", "join_timeout = \"10m\""},
+    {"join_token_file", "a string (a file of mode 0600 holding the job's join token)",
+     "join_token_file = \"/run/secrets/airhost-join-token\""},
     {"preflight", "a boolean", "preflight = true"},
     {"tracking", "a boolean", "tracking = false"},
     {"preload", "an array of module names", "preload = [\"torch\", \"numpy\"]"},
@@ -351,6 +354,8 @@ class ConfigReader {
       s.grace = duration(node, name, doc);
     } else if (name == "python") {
       s.python = string(node, name, doc);
+    } else if (name == "join_token_file") {
+      s.join_token_file = string(node, name, doc);
     } else if (name == "run_dir") {
       s.run_dir = string(node, name, doc);
     } else if (name == "master_addr") {

@@ -30,6 +30,7 @@ struct Settings {
   std::optional<int> node_rank;                  // this node's rank among them (GROUP_RANK)
   std::optional<std::chrono::seconds> node_timeout;  // another node silent this long is lost
   std::optional<std::chrono::seconds> join_timeout;  // how long the nodes may take to join
+  std::optional<std::string> join_token_file;        // the job's join token, first line of this file
   std::optional<bool> preflight;
   std::optional<bool> tracking;                  // an MLflow run per launch, when mlflow is importable
   std::optional<std::string> preload;            // warm server modules, "torch,numpy"; "auto" = torch if installed

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "launch/link_auth.hpp"
 #include "airhost/airhost.hpp"
 #include "base/util.hpp"
 #include "cli/cluster_env.hpp"
@@ -71,6 +72,13 @@ LaunchSpec make_spec(const HostOptions& opts, ClusterResolution& cluster) {
   if (s.max_restarts) spec.max_restarts = *s.max_restarts;
   if (s.node_timeout) spec.node_timeout = *s.node_timeout;
   if (s.join_timeout) spec.join_timeout = *s.join_timeout;
+  if (s.join_token_file) {
+    try {
+      spec.join_token = read_join_token_file(*s.join_token_file);
+    } catch (const JoinAuthError& e) {
+      throw ConfigError(e.what());
+    }
+  }
   if (s.prefix) spec.output.prefix = *s.prefix;
   if (s.ranks) spec.output.ranks = *s.ranks;
   // The terminal the ranks' output is shown on (stderr first: tqdm's default), else the

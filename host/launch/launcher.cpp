@@ -14,6 +14,7 @@
 #include <system_error>
 
 #include "airhost/airhost.hpp"
+#include "launch/link_auth.hpp"
 #include "launch/node_link.hpp"
 #include "launch/port.hpp"
 #include "launch/run_report.hpp"
@@ -343,6 +344,7 @@ RunReport Launcher::run() {
     config.master_port = master_port;
     config.node_timeout = spec.node_timeout;
     config.join_timeout = spec.join_timeout;
+    config.join_token = !spec.join_token.empty() ? spec.join_token : detail::getenv_or("AIRHOST_JOIN_TOKEN", "");
     if (spec.timeout.count() > 0) config.join_timeout = std::min(config.join_timeout, std::chrono::milliseconds(spec.timeout));
     config.say = [&out](const std::string& line) { out.say(line); };
     try {
@@ -350,6 +352,8 @@ RunReport Launcher::run() {
         std::lock_guard lock(impl_->mutex);
         return impl_->pending_cancel != 0;
       });
+    } catch (const detail::JoinAuthError& e) {
+      throw LaunchError(e.what());  // no libcrypto, no random bytes: nothing was started
     } catch (const detail::NodeJoinError& e) {
       RunReport report;
       report.outcome = Outcome::node_lost;

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "airhost/launcher.hpp"
+#include "launch/link_auth.hpp"
 
 namespace airhost::detail {
 namespace {
@@ -59,12 +60,24 @@ std::string join_list(const std::vector<std::string>& items) {
   return out;
 }
 
-// A connection accepted by node 0 that has not said hello yet.
+void say_goodbye(std::vector<LinkConnection*> conns, const std::string& frame);
+
+// A connection accepted by node 0 that has not joined yet: no hello yet, or (with a join
+// token) a hello whose proof has not come yet.
 struct Pending {
   LinkConnection conn;
   std::string address;
   Clock::time_point since;
+  std::optional<NodeHello> hello;  // said, and challenged: the proof is awaited
+  std::string hello_payload;       // as it came, for the proof
+  std::string hub_nonce;           // this connection's challenge
 };
+
+// One node on a pending connection is refused: it hears why, and leaves (kGoodbyeWait at
+// most, since nothing else was queued on it).
+void refuse_one(Pending& p, const std::string& message) {
+  say_goodbye({&p.conn}, link_frame(LinkKind::refuse, {{"message", message}, {"kind", "usage"}}));
+}
 
 // Sends `frame` (if any) to each connection and closes them all, giving the frames kGoodbyeWait in all
 // to leave. A connection whose peer is already gone (send says closed) just closes: there is
@@ -197,6 +210,29 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
   const auto deadline = Clock::now() + cfg.join_timeout;
   say(cfg, "waiting on port " + std::to_string(cfg.master_port) + " for " + std::to_string(cfg.nnodes - 1) +
                " other node(s) to join");
+  if (cfg.join_token.empty())
+    say(cfg, "the join is open: any host that reaches port " + std::to_string(cfg.master_port) +
+                 " may join as a node; give every node the same AIRHOST_JOIN_TOKEN (or --join-token-file) to admit "
+                 "only this job's");
+  const bool auth = !cfg.join_token.empty();
+  // A node admitted: checked against the others, or every node is refused.
+  auto admit = [&](NodeHello h, LinkConnection conn) {
+    joined.push_back({h, std::move(conn)});
+    std::vector<NodeHello> peers;
+    for (auto& j : joined) peers.push_back(j.node);
+    if (auto problem = check_nodes(self, peers); !problem.empty()) {
+      refuse_late_joiners(l4, l6, pending, problem, cfg.nnodes - 1 - static_cast<int>(joined.size()));
+      refuse_all(joined, problem, false);
+    }
+    say(cfg, describe_node(h) + " joined" + (auth ? " (its join token checked)" : ""));
+  };
+  // A connection that failed the token: one line here naming where it came from, the reason
+  // to the node itself; the job goes on waiting for the real node.
+  auto refuse_stranger = [&](Pending& p, const std::string& why, const std::string& to_node) {
+    say(cfg, "refused a join from " + p.address + (p.hello ? " as node " + std::to_string(p.hello->node_rank) : "") +
+                 ": " + why);
+    refuse_one(p, to_node);
+  };
   while (static_cast<int>(joined.size()) < cfg.nnodes - 1) {
     if (cancelled && cancelled()) refuse_all(joined, "node 0 was stopped while the nodes joined", true);
     if (Clock::now() >= deadline) {
@@ -237,29 +273,67 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
       bool garbage = false;
       try {
         f = p.conn.next_frame();
-        if (f && f->kind == static_cast<std::uint16_t>(LinkKind::hello)) {
+        if (f && !p.hello && f->kind == static_cast<std::uint16_t>(LinkKind::hello)) {
           NodeHello h = decode_hello(f->payload);
           h.address = p.address;
-          joined.push_back({h, std::move(p.conn)});
-          pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-          std::vector<NodeHello> peers;
-          for (auto& j : joined) peers.push_back(j.node);
-          if (auto problem = check_nodes(self, peers); !problem.empty()) {
-            refuse_late_joiners(l4, l6, pending, problem, cfg.nnodes - 1 - static_cast<int>(joined.size()));
-            refuse_all(joined, problem, false);
+          if (!auth && !h.nonce.empty()) {
+            // One side was given a token and the other not: the job is set up wrong, not attacked.
+            std::vector<LinkPeer> all;
+            all.push_back({h, std::move(p.conn)});
+            pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+            for (auto& j : joined) all.push_back(std::move(j));
+            refuse_all(all, describe_node(h) + " was given a join token and node 0 was not; give every node the same "
+                                                "AIRHOST_JOIN_TOKEN (or --join-token-file), or none", false);
           }
-          say(cfg, describe_node(h) + " joined");
+          if (!auth) {
+            admit(h, std::move(p.conn));
+            pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+            continue;
+          }
+          p.hello = h;
+          if (h.nonce.empty()) {
+            refuse_stranger(p, "it holds no join token (a node started without one, or not one of this job's)",
+                            "node 0 admits only nodes holding this job's join token; give this node the same "
+                            "AIRHOST_JOIN_TOKEN (or --join-token-file) as node 0");
+            pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+            continue;
+          }
+          p.hello_payload = f->payload;
+          p.hub_nonce = fresh_nonce();
+          (void)p.conn.send(link_frame(LinkKind::challenge,
+                                       {{"nonce", p.hub_nonce}, {"proof", hub_proof(cfg.join_token, h.nonce, p.hub_nonce)}}));
+          ++i;
+          continue;
+        }
+        if (f && p.hello && f->kind == static_cast<std::uint16_t>(LinkKind::proof)) {
+          const std::string expected = node_proof(cfg.join_token, p.hub_nonce, p.hello->nonce, p.hello_payload);
+          if (!same_digest(decode_fields(f->payload)["proof"], expected)) {
+            refuse_stranger(p, "its proof of the join token is wrong (another token, or a proof replayed from an "
+                               "earlier join)",
+                            "node 0 refused this node's join token: it is not node 0's; give every node the same "
+                            "AIRHOST_JOIN_TOKEN (or --join-token-file)");
+            pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+            continue;
+          }
+          NodeHello h = *p.hello;
+          admit(h, std::move(p.conn));
+          pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
           continue;
         }
       } catch (const FrameError&) {
         garbage = true;
       }
-      if (garbage || f) {  // bytes that are not link frames, or a frame that is not a hello
-        say(cfg, "ignored a connection from " + p.address + ": it does not speak airhost's node link");
+      if (garbage || f) {  // bytes that are not link frames, or a frame out of turn
+        say(cfg, p.hello ? "refused a join from " + p.address + " as node " + std::to_string(p.hello->node_rank) +
+                               ": it sent something else than the proof of its join token"
+                         : "ignored a connection from " + p.address + ": it does not speak airhost's node link");
         pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
         continue;
       }
       if (got == LinkIo::closed || Clock::now() - p.since > kHelloWait) {
+        if (p.hello && got != LinkIo::closed)
+          say(cfg, "refused a join from " + p.address + " as node " + std::to_string(p.hello->node_rank) +
+                       ": no proof of its join token came within " + duration_text(std::chrono::duration_cast<milliseconds>(kHelloWait)));
         pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
         continue;
       }
@@ -359,8 +433,13 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
       pause(milliseconds(500));
       continue;
     }
-    // A fresh socket takes a hello whole at once; `closed` means node 0 went as we came.
-    if (conn.send(encode_frame(static_cast<std::uint16_t>(LinkKind::hello), encode_hello(self))) != LinkIo::ok) {
+    // A fresh socket takes a hello whole at once; `closed` means node 0 went as we came. With a
+    // join token, each connection says hello with a nonce of its own (link_auth.hpp).
+    NodeHello hello = self;
+    if (!cfg.join_token.empty()) hello.nonce = fresh_nonce();
+    const std::string hello_payload = encode_hello(hello);
+    bool challenged = false;
+    if (conn.send(encode_frame(static_cast<std::uint16_t>(LinkKind::hello), hello_payload)) != LinkIo::ok) {
       last_problem = "the connection broke while saying hello";
       pause(milliseconds(500));
       continue;
@@ -385,7 +464,24 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
             if (fields["kind"] == "join") throw NodeJoinError(fields["message"]);
             throw LaunchError(fields["message"]);
           }
+          if (f->kind == static_cast<std::uint16_t>(LinkKind::challenge)) {
+            auto fields = decode_fields(f->payload);
+            if (cfg.join_token.empty())
+              throw LaunchError("node 0 at " + where + " admits only nodes holding this job's join token; give this "
+                                "node the same AIRHOST_JOIN_TOKEN (or --join-token-file) as node 0");
+            if (!same_digest(fields["proof"], hub_proof(cfg.join_token, hello.nonce, fields["nonce"])))
+              throw LaunchError("the airhost at " + where + " could not prove it holds this job's join token: it is "
+                                "not this job's node 0, or its token differs; check --master-addr and give every "
+                                "node the same token");
+            challenged = true;
+            (void)conn.send(link_frame(LinkKind::proof,
+                                       {{"proof", node_proof(cfg.join_token, fields["nonce"], hello.nonce, hello_payload)}}));
+            continue;
+          }
           if (f->kind != static_cast<std::uint16_t>(LinkKind::welcome)) continue;  // a later version's
+          if (!cfg.join_token.empty() && !challenged)
+            throw LaunchError("node 0 at " + where + " welcomed this node without checking its join token: it "
+                              "holds none, or is not this job's node 0; give every node the same token");
           auto fields = decode_fields(f->payload);
           JoinedGroup group;
           group.nodes.resize(static_cast<std::size_t>(cfg.nnodes));

@@ -28,6 +28,9 @@ struct NodeLinkConfig {
   // Where progress lines go ("node 1 of 2: waiting for node 0 at ..."), without "airhost: " or
   // '\n'; empty: nowhere. The launcher's goes to the host log and, never blocking, to stderr.
   std::function<void(const std::string& line)> say;
+  // The job's join token (link_auth.hpp): node 0 admits only nodes that prove they hold it,
+  // and a node joins only a node 0 that proves it too. Empty: the join is open, as before.
+  std::string join_token;
 };
 
 // A node did not join within join_timeout (or node 0 never answered): exit 138, node_lost.

@@ -36,7 +36,8 @@ std::string encode_hello(const NodeHello& h) {
                         {"node_rank", std::to_string(h.node_rank)},
                         {"nnodes", std::to_string(h.nnodes)},
                         {"nprocs", std::to_string(h.nprocs)},
-                        {"host", h.host}});
+                        {"host", h.host},
+                        {"nonce", h.nonce}});
 }
 
 NodeHello decode_hello(std::string_view payload) {
@@ -49,6 +50,7 @@ NodeHello decode_hello(std::string_view payload) {
   h.nnodes = to_int(f["nnodes"], -1);
   h.nprocs = to_int(f["nprocs"], -1);
   h.host = f["host"].empty() ? "unknown" : f["host"];
+  h.nonce = f["nonce"];
   return h;
 }
 

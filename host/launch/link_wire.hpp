@@ -32,6 +32,8 @@ enum class LinkKind : std::uint16_t {
   down = 5,       // either way, relayed by node 0: fields node, message, cascade, attempt
   done = 6,       // node → node 0: this node's ranks all succeeded; field attempt
   end = 7,        // node 0 → node: every node is done; field attempt
+  challenge = 8,  // node 0 → node, with a join token: fields nonce, proof (link_auth.hpp)
+  proof = 9,      // node → node 0, with a join token: field proof
 };
 
 // No link frame is anywhere near this (the largest is a down report with one sentence): a
@@ -46,6 +48,7 @@ struct NodeHello {
   int nprocs = 1;      // ranks on that node
   std::string host;    // its host name
   std::string address; // where node 0 saw it connect from (not sent; filled by node 0)
+  std::string nonce;   // a node holding a join token: its fresh nonce (link_auth.hpp); else empty
 };
 
 std::string encode_hello(const NodeHello& hello);

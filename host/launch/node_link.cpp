@@ -26,6 +26,10 @@ using std::chrono::milliseconds;
 // may take to leave, all connections together, before the connections close anyway.
 constexpr auto kLastWords = std::chrono::seconds(1);
 
+// The link's thread wakes at least every second (its poll's longest wait): a longer gap
+// between two of its turns means the whole process was stopped, not only the host's loop.
+constexpr auto kLinkThreadAway = std::chrono::seconds(3);
+
 int to_int(const std::string& s, int fallback) {
   try {
     return std::stoi(s);
@@ -82,6 +86,7 @@ struct NodeLink::Impl {
   // the loop's thread, read by the link's.
   std::atomic<std::int64_t> loop_turned{0};
   bool loop_stuck = false;  // the link's thread alone: this node said its loop is stuck
+  Clock::time_point last_watched = Clock::now(), loop_silent_since{};  // the link's thread alone
 
   bool hub() const { return cfg.node_rank == 0; }
 
@@ -327,10 +332,15 @@ struct NodeLink::Impl {
   // timeout, no reaping, no teardown), so the other nodes must not count on them. Told once,
   // as this node's own report: node 0 hears it (and relays it), and so does on_down here,
   // whose abort() ends the run should the loop come back.
+  // A whole process that was stopped (SIGSTOP, a frozen VM) stops this thread too: when it
+  // runs again, the loop's silence counts only from then, since the loop was not stuck, merely
+  // stopped with it (the other nodes judge that silence themselves).
   void watch_loop(Clock::time_point now) {
+    if (now - last_watched > kLinkThreadAway) loop_silent_since = now;
+    last_watched = now;
     const std::int64_t turned = loop_turned.load(std::memory_order_relaxed);
     if (loop_stuck || turned == 0) return;
-    const auto silent = now - Clock::time_point(Clock::duration(turned));
+    const auto silent = now - std::max(Clock::time_point(Clock::duration(turned)), loop_silent_since);
     if (silent <= cfg.node_timeout) return;
     loop_stuck = true;
     const NodeHello& self = nodes[static_cast<std::size_t>(cfg.node_rank)];

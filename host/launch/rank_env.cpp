@@ -18,6 +18,10 @@ std::vector<std::string> build_rank_env(const LaunchSpec& spec, int local_rank, 
     }
   }
 
+  // The nodes' join secret is the hosts' alone: user code (and what it logs of its
+  // environment, an MLflow run's parameters say) never sees it.
+  env.erase("AIRHOST_JOIN_TOKEN");
+
   env.try_emplace("OMP_NUM_THREADS", "1");
   env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
 

@@ -57,6 +57,9 @@ struct LaunchSpec {
                                           // and this node's ranks are stopped (exit 138); a node
                                           // whose airhost exits or is killed is lost at once
   std::chrono::seconds join_timeout{600}; // several nodes: how long the nodes may take to join
+  std::string join_token;                 // several nodes: the job's shared secret; node 0 admits only
+                                          // nodes proving they hold it (HMAC challenge, never sent).
+                                          // Empty: AIRHOST_JOIN_TOKEN if set, else an open join
   std::vector<int> devices;               // the run's GPUs (CUDA_VISIBLE_DEVICES, in order); LOCAL_RANK indexes them; empty = CPU ranks
   std::string python;                     // interpreter whose environment ranks use; empty = default
   std::map<std::string, std::string> env; // extra variables for every rank, applied last

@@ -7,11 +7,13 @@ import os
 import re
 import signal
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
 
-from conftest import free_port, live_processes, script, wait_until_gone
+from conftest import free_port, live_processes, script, wait_for, wait_until_gone
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -70,6 +72,8 @@ def test_two_nodes_form_one_world_of_four_ranks(airhost):
     assert seen == {0: 0, 1: 0, 2: 1, 3: 1}
     assert any("all 2 nodes joined (node 1 (" in line for line in host_lines(r0)), r0.err
     assert any("all 2 nodes joined at node 0 (" in line for line in host_lines(r1)), r1.err
+    # No token: the join is open, as before, and node 0 says so once.
+    assert sum("the join is open" in line for line in host_lines(r0)) == 1, r0.err
 
 
 def test_node_1_may_start_first_and_waits_for_node_0(airhost):
@@ -244,3 +248,57 @@ def test_a_frozen_node_0_is_lost_by_node_1_and_no_frame_arrives_corrupted(airhos
     # Node 0, thawed, reads node 1's report that was waiting for it: named, not taken for a silence.
     assert re.search(r"node 1 \([^)]+\) stopped its ranks \(node 0 \([^)]+\) was lost: nothing heard", r0.err), \
         r0.describe()
+
+
+# ---- an authenticated join (issue 18) ----------------------------------------------------------
+
+
+def test_an_impostor_without_the_join_token_is_refused_and_the_real_node_still_joins(airhost):
+    port = free_port()
+    token = {"AIRHOST_JOIN_TOKEN": "s3cret-of-this-job"}
+    n0 = airhost.start(script("show_env.py"), "-n", "2", "--nnodes", "2", "--node-rank", "0", "--master-addr",
+                       "127.0.0.1", "--master-port", str(port), *COMMON, "--", "AIRHOST_JOIN_TOKEN", env=token)
+    wait_for(lambda: b"waiting on port" in n0.err_path.read_bytes(), 30, "node 0 to listen")
+    # The impostor comes first, as in the issue: a well-formed hello for node 1, no token.
+    impostor = subprocess.run([sys.executable, script("join_impostor.py"), str(port)], capture_output=True,
+                              text=True, timeout=30)
+    assert impostor.stdout.strip() == "answer kind 3", impostor  # refuse, not welcome (2)
+    n1 = airhost.start(script("show_env.py"), "-n", "2", "--nnodes", "2", "--node-rank", "1", "--master-addr",
+                       "127.0.0.1", "--master-port", str(port), *COMMON, "--", "AIRHOST_JOIN_TOKEN", env=token)
+    r1, r0 = n1.finish(), n0.finish()
+    r0.assert_rc(0)
+    r1.assert_rc(0)
+    refused = [line for line in host_lines(r0) if "refused a join" in line]
+    assert refused == ["airhost: node 0 of 2: refused a join from 127.0.0.1 as node 1: it holds no join token "
+                       "(a node started without one, or not one of this job's)"], r0.err
+    assert any("joined (its join token checked)" in line for line in host_lines(r0)), r0.err
+    assert "the join is open" not in r0.err
+    # The secret stays with the hosts: not in their output, their host log, nor any rank's environment.
+    for run in (r0, r1):
+        assert "s3cret" not in run.err and "s3cret" not in run.out
+        assert "s3cret" not in (run.run_dir / "logs" / "host.log").read_text()
+        for lines in run.console().values():
+            assert lines == [b"AIRHOST_JOIN_TOKEN=<unset>"], lines
+
+
+def test_a_node_without_the_token_is_told_what_to_do_and_exits_2(airhost):
+    port = free_port()
+    n0 = airhost.start(script("show_env.py"), "-n", "1", "--nnodes", "2", "--node-rank", "0", "--master-addr",
+                       "127.0.0.1", "--master-port", str(port), "--node-timeout", "3", "--join-timeout", "5",
+                       env={"AIRHOST_JOIN_TOKEN": "tok"})
+    wait_for(lambda: b"waiting on port" in n0.err_path.read_bytes(), 30, "node 0 to listen")
+    r1 = node(airhost, 1, port, script("show_env.py"), n=1).finish()
+    r1.assert_rc(2)
+    assert "node 0 admits only nodes holding this job's join token; give this node the same AIRHOST_JOIN_TOKEN" \
+        in r1.err, r1.err
+    n0.finish().assert_rc(138)  # the real node 1 never came: the join timeout, as before
+
+
+def test_a_join_token_file_readable_by_others_is_refused_before_anything_starts(airhost, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("tok\n")
+    token.chmod(0o644)
+    run = airhost(script("show_env.py"), "-n", "1", "--nnodes", "2", "--node-rank", "0", "--master-port",
+                  str(free_port()), "--join-token-file", str(token))
+    run.assert_rc(2)
+    assert f"the join token file {token} can be read by other users; chmod 600 it" in run.err, run.err
