@@ -140,10 +140,6 @@ void validate(const LaunchSpec& spec, const std::string& rank_binary) {
     if (spec.master_port == 0)
       fail("with --nnodes " + std::to_string(spec.nnodes) + ", give --master-port: every node must be given the "
            "same port, where node 0 listens (e.g. --master-port 29500)");
-    if (spec.max_restarts > 0)
-      fail("--max-restarts cannot be used with several nodes: a restart would have to restart every node at "
-           "once; let the scheduler restart the whole job (Slurm --requeue, a PyTorchJob restartPolicy), or "
-           "drop --max-restarts");
     if (spec.node_timeout.count() < 1) fail("node_timeout must be at least 1 second");
     if (spec.join_timeout.count() < 1) fail("join_timeout must be at least 1 second");
     if (auto problem = detail::resolve_problem(spec.master_addr); !problem.empty())
@@ -222,6 +218,13 @@ std::unique_ptr<detail::RankStarter> warm_starter(const LaunchSpec& spec, const 
 
 }  // namespace
 
+// What is left of the run's timeout (0: no limit), for a wait that must not outlive it.
+static std::chrono::milliseconds time_left(const LaunchSpec& spec, double started) {
+  if (spec.timeout.count() <= 0) return std::chrono::milliseconds(0);
+  const auto used = std::chrono::milliseconds(static_cast<long long>((detail::now_seconds() - started) * 1000));
+  return std::max(std::chrono::milliseconds(1), std::chrono::milliseconds(spec.timeout) - used);
+}
+
 // Several nodes, after this node's ranks are gone: how the run ended for the job as a whole.
 //  - this node's ranks succeeded: wait until every node's did (the exit barrier); a node that
 //    fails or is lost meanwhile makes it node_lost;
@@ -239,12 +242,7 @@ static void settle_with_other_nodes(detail::NodeLink& link, const LaunchSpec& sp
     report.message = run + prefix + down.message + suffix;
   };
   if (report.outcome == Outcome::succeeded) {
-    std::chrono::milliseconds limit{0};
-    if (spec.timeout.count() > 0) {
-      const auto used = std::chrono::milliseconds(static_cast<long long>((detail::now_seconds() - started) * 1000));
-      limit = std::max(std::chrono::milliseconds(1), std::chrono::milliseconds(spec.timeout) - used);
-    }
-    if (auto down = link.finish(limit))
+    if (auto down = link.finish(time_left(spec, started)))
       lost(*down, "this node's " + std::to_string(report.ranks.size()) + " rank(s) succeeded, but ", "");
   } else if (report.outcome == Outcome::node_lost) {
     if (auto down = link.down()) lost(*down, "", "; this node's ranks were stopped");
@@ -265,8 +263,10 @@ struct Launcher::Impl {
   Callbacks callbacks;
   std::mutex mutex;  // guards supervisor, pending_cancel and pending_abort against other threads
   detail::Supervisor* supervisor = nullptr;
+  int supervisor_attempt = 0;  // the attempt `supervisor` runs
   int pending_cancel = 0;
   std::string pending_abort;  // another node is gone: why (the node link's thread sets it)
+  int pending_abort_attempt = 0;  // ... in which attempt: a report of the next one waits for it
   bool ran = false;
 };
 
@@ -344,6 +344,7 @@ RunReport Launcher::run() {
     config.master_port = master_port;
     config.node_timeout = spec.node_timeout;
     config.join_timeout = spec.join_timeout;
+    config.max_restarts = spec.max_restarts;
     config.join_token = !spec.join_token.empty() ? spec.join_token : detail::getenv_or("AIRHOST_JOIN_TOKEN", "");
     if (spec.timeout.count() > 0) config.join_timeout = std::min(config.join_timeout, std::chrono::milliseconds(spec.timeout));
     config.say = [&out](const std::string& line) { out.say(line); };
@@ -378,8 +379,9 @@ RunReport Launcher::run() {
     }
     link->start([this](const detail::NodeDown& down) {
       std::lock_guard lock(impl_->mutex);
-      if (impl_->pending_abort.empty()) impl_->pending_abort = down.message;
-      if (impl_->supervisor) impl_->supervisor->abort(down.message);
+      if (impl_->pending_abort.empty() || impl_->pending_abort_attempt != down.attempt)
+        impl_->pending_abort = down.message, impl_->pending_abort_attempt = down.attempt;
+      if (impl_->supervisor && impl_->supervisor_attempt == down.attempt) impl_->supervisor->abort(down.message);
     });
   }
 
@@ -411,10 +413,7 @@ RunReport Launcher::run() {
     }
     plan.base_env = base_env;
     plan.rank_argv = rank_argv;
-    if (spec.timeout.count() > 0) {
-      const auto used = std::chrono::milliseconds(static_cast<long long>((detail::now_seconds() - started) * 1000));
-      plan.time_limit = std::max(std::chrono::milliseconds(1), std::chrono::milliseconds(spec.timeout) - used);
-    }
+    plan.time_limit = time_left(spec, started);
     std::unique_ptr<detail::RankStarter> starter;
     if (warm) {
       std::string line;
@@ -430,17 +429,36 @@ RunReport Launcher::run() {
     {
       std::lock_guard lock(impl_->mutex);
       impl_->supervisor = &supervisor;
+      impl_->supervisor_attempt = attempt;
       if (impl_->pending_cancel) supervisor.cancel(impl_->pending_cancel);
-      if (!impl_->pending_abort.empty()) supervisor.abort(impl_->pending_abort);
+      if (!impl_->pending_abort.empty() && impl_->pending_abort_attempt == attempt) supervisor.abort(impl_->pending_abort);
     }
     report = supervisor.run();
     if (link) link->unwatch_loop();  // the wait for the other nodes is not a stuck loop
+    // Only a rank's failure is worth another try: a timeout, Ctrl-C or cancel() is the caller
+    // saying stop, and so is a cancel() that arrived while this attempt ended. On several
+    // nodes a node stopped because another node's rank failed (node_lost) may start again
+    // too: node 0 restarts the group only when every node may.
+    auto may_restart = [&] {
+      std::lock_guard lock(impl_->mutex);
+      return (report.outcome == Outcome::failed || (link && report.outcome == Outcome::node_lost)) &&
+             attempt < spec.max_restarts && !impl_->pending_cancel;
+    };
     {
       std::lock_guard lock(impl_->mutex);
       impl_->supervisor = nullptr;
-      // Only a rank's failure is worth another try: a timeout, Ctrl-C or cancel() is the
-      // caller saying stop, and so is a cancel() that arrived while this attempt ended.
-      if (report.outcome != Outcome::failed || attempt >= spec.max_restarts || impl_->pending_cancel) break;
+    }
+    if (link && spec.max_restarts > 0) {
+      if (report.ok()) {
+        // This node's ranks succeeded: the attempt failed only if another node's did.
+        auto down = link->finish(time_left(spec, started));
+        if (!down) break;
+        report.outcome = Outcome::node_lost;
+        report.message = "run " + spec.run_id + ": " + down->message;
+      }
+      if (!link->after_attempt(may_restart(), time_left(spec, started))) break;
+    } else if (!may_restart()) {
+      break;
     }
     failed_attempts.push_back(report.message);
     const RestartEvent event{attempt + 1, spec.max_restarts, report.message};

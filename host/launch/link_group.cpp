@@ -30,6 +30,38 @@ void GroupState::end(int attempt) { attempts_[attempt].ended = true; }
 
 void GroupState::connection_gone(int node) { gone_.insert(node); }
 
+void GroupState::report_stopped(int attempt, int node, bool want_restart) {
+  Attempt& a = attempts_[attempt];
+  a.stopped.insert(node);
+  if (want_restart) a.want_restart.insert(node);
+}
+
+std::optional<bool> GroupState::decision(int attempt) const {
+  const Attempt* a = find(attempt);
+  return a ? a->decision : std::nullopt;
+}
+
+void GroupState::decide(int attempt, bool restart) {
+  Attempt& a = attempts_[attempt];
+  if (!a.decision) a.decision = restart;
+}
+
+bool GroupState::should_decide(int attempt) const {
+  const Attempt* a = find(attempt);
+  if (!hub() || !a || a->decision || !a->stopped.count(self_)) return false;
+  for (int n = 1; n < nnodes_; ++n)
+    if (gone(n)) return true;
+  return static_cast<int>(a->stopped.size()) == nnodes_;
+}
+
+bool GroupState::restart_agreed(int attempt) const {
+  const Attempt* a = find(attempt);
+  if (!a) return false;
+  for (int n = 0; n < nnodes_; ++n)
+    if (gone(n) || !a->want_restart.count(n)) return false;
+  return true;
+}
+
 bool GroupState::ended(int attempt) const {
   const Attempt* a = find(attempt);
   return a && a->ended;

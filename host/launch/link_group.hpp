@@ -3,10 +3,12 @@
 // whether its connection is gone. Pure: no sockets, no threads, no clock; the node link's
 // thread owns one (under its mutex) and feeds it what the wire says.
 //
-// Keyed by attempt so that a group restart (every node starting its ranks again) can begin
-// with a clean slate while a late report of the attempt before is still told apart; until
-// restarts span nodes, every report is of attempt 0. A connection that is gone stays gone
-// across attempts: the node behind it cannot take part in another one.
+// Keyed by attempt so that a group restart (every node starting its ranks again) begins with
+// a clean slate while a late report of the attempt before is still told apart. After a failed
+// attempt every node says it has stopped its ranks, and whether it wants a restart (it was
+// not interrupted nor timed out, and restarts are left); node 0 decides for all once every
+// node has stopped, or one is gone: a restart only when every node wants one. A connection
+// that is gone stays gone across attempts: the node behind it cannot take part in another one.
 //
 // The star decides who can still speak: node 0 (the hub) hears every node on that node's own
 // connection; any other node (a spoke) hears everything through node 0.
@@ -25,6 +27,7 @@ struct NodeDown {
   int node = -1;
   std::string message;   // whole sentence: "node 1 (gpu-b, 10.0.0.2) was lost: ..."
   bool cascade = false;  // that node only failed because one of its ranks lost a peer
+  int attempt = 0;       // the attempt it happened in (as the link's on_down hands it over)
 };
 
 class GroupState {
@@ -47,6 +50,15 @@ class GroupState {
   void report_done(int attempt, int node);
   // Node 0 said every node is done (a spoke), or saw it (node 0).
   void end(int attempt);
+  // `node` stopped its ranks of the failed `attempt`; `want_restart`: it may start again.
+  void report_stopped(int attempt, int node, bool want_restart);
+  // What was decided after `attempt` failed: restart (true) or end (false); nullopt: not yet.
+  std::optional<bool> decision(int attempt) const;
+  void decide(int attempt, bool restart);
+  // Node 0 is to decide: every node stopped, or one is gone, and nothing was decided yet.
+  bool should_decide(int attempt) const;
+  // Node 0's verdict once it should decide: every node stopped and wants a restart, none gone.
+  bool restart_agreed(int attempt) const;
   // `node`'s connection closed or the node was declared lost: nothing more comes from it.
   void connection_gone(int node);
 
@@ -73,6 +85,8 @@ class GroupState {
     std::set<int> heard;      // nodes reported down
     std::set<int> said_down;  // nodes that reported their own teardown
     std::set<int> done;
+    std::set<int> stopped, want_restart;
+    std::optional<bool> decision;
     std::optional<NodeDown> first, first_real;
     bool ended = false;
   };

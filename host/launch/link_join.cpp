@@ -560,6 +560,11 @@ std::string check_nodes(const NodeHello& self, const std::vector<NodeHello>& pee
       return "the nodes disagree on the ranks per node: " + describe_node(self) + " runs " +
              std::to_string(self.nprocs) + ", " + describe_node(p) + " runs " + std::to_string(p.nprocs) +
              "; every node must run the same number (-n/--accelerators), since WORLD_SIZE = nnodes x ranks per node";
+  for (const auto& p : peers)
+    if (p.max_restarts != self.max_restarts)
+      return "the nodes disagree on --max-restarts: " + describe_node(self) + " was given " +
+             std::to_string(self.max_restarts) + ", " + describe_node(p) + " " + std::to_string(p.max_restarts) +
+             "; the group restarts on every node together, so give every node the same --max-restarts";
   return {};
 }
 
@@ -578,6 +583,7 @@ JoinedGroup join_group(const NodeLinkConfig& cfg, const std::function<bool()>& c
   self.node_rank = cfg.node_rank;
   self.nnodes = cfg.nnodes;
   self.nprocs = cfg.nprocs;
+  self.max_restarts = cfg.max_restarts;
   self.host = host_name();
   return cfg.node_rank == 0 ? join_as_hub(cfg, self, cancelled) : join_as_spoke(cfg, self, cancelled);
 }

@@ -18,6 +18,7 @@ struct NodeLinkConfig {
   int node_rank = 0;
   int nnodes = 1;
   int nprocs = 1;
+  int max_restarts = 0;                   // every node must be given the same (checked at the join)
   std::string master_addr;               // node 0's address, as the ranks get it
   int master_port = 0;                   // where node 0's airhost listens, then rank 0's store
   std::chrono::milliseconds node_timeout{30000};  // silence after which a node is lost

@@ -36,6 +36,7 @@ std::string encode_hello(const NodeHello& h) {
                         {"node_rank", std::to_string(h.node_rank)},
                         {"nnodes", std::to_string(h.nnodes)},
                         {"nprocs", std::to_string(h.nprocs)},
+                        {"max_restarts", std::to_string(h.max_restarts)},
                         {"host", h.host},
                         {"nonce", h.nonce}});
 }
@@ -49,6 +50,7 @@ NodeHello decode_hello(std::string_view payload) {
   h.node_rank = to_int(f["node_rank"], -1);
   h.nnodes = to_int(f["nnodes"], -1);
   h.nprocs = to_int(f["nprocs"], -1);
+  h.max_restarts = to_int(f["max_restarts"], 0);
   h.host = f["host"].empty() ? "unknown" : f["host"];
   h.nonce = f["nonce"];
   return h;

@@ -34,6 +34,9 @@ enum class LinkKind : std::uint16_t {
   end = 7,        // node 0 → node: every node is done; field attempt
   challenge = 8,  // node 0 → node, with a join token: fields nonce, proof (link_auth.hpp)
   proof = 9,      // node → node 0, with a join token: field proof
+  stopped = 10,   // node → node 0: its ranks of a failed attempt are stopped; fields attempt, restart ("1": it may start again)
+  restart = 11,   // node 0 → node: every node starts its ranks again; field attempt (the new one)
+  final = 12,     // node 0 → node: no restart after that failed attempt; field attempt
 };
 
 // No link frame is anywhere near this (the largest is a down report with one sentence): a
@@ -46,6 +49,7 @@ struct NodeHello {
   int node_rank = 0;
   int nnodes = 1;
   int nprocs = 1;      // ranks on that node
+  int max_restarts = 0;  // restarts of the whole group it was given (every node must agree)
   std::string host;    // its host name
   std::string address; // where node 0 saw it connect from (not sent; filled by node 0)
   std::string nonce;   // a node holding a join token: its fresh nonce (link_auth.hpp); else empty

@@ -72,9 +72,10 @@ struct NodeLink::Impl {
   int wake[2] = {-1, -1};
   std::thread thread;
   std::function<void(const NodeDown&)> on_down;
-  // The attempt under way. Until restarts span nodes every report is of attempt 0; frames
-  // carry it anyway, so that a late report of an earlier attempt can be told apart.
-  const int attempt = 0;
+  // The attempt under way, the same on every node: node 0 moves it on when it decides a
+  // restart, another node when it hears so. Frames carry it, so that a late report of an
+  // earlier attempt is told apart.
+  std::atomic<int> attempt{0};
 
   mutable std::mutex m;  // guards what follows; `peers` belongs to the loop's thread alone
   std::condition_variable cv;
@@ -180,7 +181,11 @@ struct NodeLink::Impl {
       for (auto& p : peers)
         if (&p != came_on) send_to(p, f);
     }
-    if (of_attempt == attempt && on_down) on_down(d);
+    if (of_attempt == attempt && on_down) {
+      NodeDown heard = d;
+      heard.attempt = of_attempt;
+      on_down(heard);
+    }
   }
 
   // A node that went silent, sent garbage or stopped reading keeps its connection, so that it
@@ -226,11 +231,53 @@ struct NodeLink::Impl {
         group.end(to_int(decode_fields(f.payload)["attempt"], 0));
         break;
       }
+      case LinkKind::stopped: {  // node 0 hears it
+        auto fields = decode_fields(f.payload);
+        std::lock_guard lock(m);
+        group.report_stopped(to_int(fields["attempt"], 0), from, fields["restart"] == "1");
+        break;
+      }
+      case LinkKind::restart: {  // a spoke hears node 0's decision: the next attempt begins now
+        const int next = to_int(decode_fields(f.payload)["attempt"], 0);
+        std::lock_guard lock(m);
+        if (next == attempt + 1) {
+          group.decide(attempt, true);
+          attempt = next;
+        }
+        break;
+      }
+      case LinkKind::final: {
+        std::lock_guard lock(m);
+        group.decide(to_int(decode_fields(f.payload)["attempt"], 0), false);
+        break;
+      }
       default:
         break;  // heartbeats (hearing anything is what counts), and kinds of a later version
     }
     cv.notify_all();
     end_if_all_done();
+    decide_if_all_stopped();
+  }
+
+  // Node 0, after a failed attempt: once every node has stopped its ranks (or one is gone),
+  // restart them all if every node wants it, else end. The attempt moves on before anyone
+  // hears of it, so that a report of the new attempt is never taken for the old one's.
+  void decide_if_all_stopped() {
+    int of;
+    bool restart;
+    {
+      std::lock_guard lock(m);
+      of = attempt;
+      if (!group.should_decide(of)) return;
+      restart = group.restart_agreed(of);
+      group.decide(of, restart);
+      if (restart) attempt = of + 1;
+    }
+    cv.notify_all();
+    const std::string f = restart ? link_frame(LinkKind::restart, {{"attempt", std::to_string(of + 1)}})
+                                  : link_frame(LinkKind::final, {{"attempt", std::to_string(of)}});
+    for (auto& p : peers)
+      if (!is_gone(p)) send_to(p, f);
   }
 
   void on_closed(Peer& p) {
@@ -276,6 +323,7 @@ struct NodeLink::Impl {
       send_outbox(frames);
       if (stopping) return send_outbox_and_last_words();
       end_if_all_done();
+      decide_if_all_stopped();
 
       auto now = Clock::now();
       watch_loop(now);
@@ -370,6 +418,25 @@ NodeLink::NodeLink(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NodeLink::~NodeLink() = default;
 
 const std::vector<NodeHello>& NodeLink::nodes() const { return impl_->nodes; }
+
+int NodeLink::attempt() const { return impl_->attempt; }
+
+bool NodeLink::after_attempt(bool want_restart, milliseconds limit) {
+  Impl& s = *impl_;
+  int of;
+  {
+    std::lock_guard lock(s.m);
+    of = s.attempt;
+    if (s.hub()) s.group.report_stopped(of, 0, want_restart);
+  }
+  if (s.hub()) s.poke();  // its loop decides once every node has stopped
+  else s.queue(link_frame(LinkKind::stopped, {{"attempt", std::to_string(of)}, {"restart", want_restart ? "1" : "0"}}));
+  std::unique_lock lock(s.m);
+  auto ready = [&] { return s.group.decision(of).has_value() || (!s.hub() && s.group.gone(0)); };
+  if (limit.count() > 0) s.cv.wait_for(lock, limit, ready);
+  else s.cv.wait(lock, ready);
+  return s.group.decision(of).value_or(false);
+}
 
 void NodeLink::start(std::function<void(const NodeDown&)> on_down) {
   Impl& s = *impl_;

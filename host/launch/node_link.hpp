@@ -20,6 +20,11 @@
 //   finish   a node whose ranks all succeeded says "done" and waits until node 0 has heard
 //            it from every node, so that no airhost ends while another node's ranks still
 //            need the others (an exit barrier, as torchrun's agents have).
+//   restart  with --max-restarts, after a failed attempt every node stops its ranks and says
+//            "stopped" (and whether it may start again); node 0 waits for all of them, then
+//            tells every node to start again, as the next attempt, or that the job ends.
+//            Every node thus restarts together, with the same attempt number, as torchrun's
+//            agents do after their rendezvous.
 //
 // The link is four files, one per concern: link_wire (frames, the hello, a buffered
 // non-blocking connection), link_join (the join, refusals, the nodes' checks), link_group (the
@@ -82,6 +87,15 @@ class NodeLink {
   // This node's ranks all succeeded: waits (up to `limit`, 0 = no limit) until every node
   // finished. nullopt when they all did; else what happened instead.
   std::optional<NodeDown> finish(std::chrono::milliseconds limit);
+
+  // After a failed attempt (this node's ranks are all stopped): tells node 0, with
+  // `want_restart` when this node may start again (restarts are left; it was neither
+  // interrupted nor timed out), and waits (up to `limit`, 0 = no limit) for node 0's decision
+  // for every node. True: every node starts its ranks again, as attempt(); false: the job
+  // ends (a node did not want it, or is gone), and down() says why.
+  bool after_attempt(bool want_restart, std::chrono::milliseconds limit);
+  // The attempt under way, the same on every node (TORCHELASTIC_RESTART_COUNT).
+  int attempt() const;
 
   // Every node, by node rank (this one's address empty), once joined.
   const std::vector<NodeHello>& nodes() const;

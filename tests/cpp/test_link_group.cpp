@@ -108,3 +108,40 @@ TEST_CASE("reports are kept by attempt; a gone connection stays gone in every at
   CHECK(g.quiet(1));  // node 1 said it stops in attempt 1, node 2 is gone for good
   CHECK_FALSE(g.quiet(2));
 }
+
+TEST_CASE("after a failed attempt node 0 decides once every node stopped: a restart only when all want one") {
+  GroupState g(3, 0);
+  g.report_stopped(0, 1, true);
+  g.report_stopped(0, 2, true);
+  CHECK_FALSE(g.should_decide(0));  // node 0 itself has not stopped yet
+  g.report_stopped(0, 0, true);
+  REQUIRE(g.should_decide(0));
+  CHECK(g.restart_agreed(0));
+  g.decide(0, true);
+  CHECK_FALSE(g.should_decide(0));
+  CHECK(g.decision(0) == std::optional<bool>(true));
+  CHECK_FALSE(g.decision(1).has_value());  // the next attempt starts clean
+
+  // One node interrupted (it does not want a restart): the job ends.
+  g.report_stopped(1, 0, true);
+  g.report_stopped(1, 1, false);
+  g.report_stopped(1, 2, true);
+  REQUIRE(g.should_decide(1));
+  CHECK_FALSE(g.restart_agreed(1));
+}
+
+TEST_CASE("a node that is gone ends the decision at once, without a restart; another node never decides") {
+  GroupState g(3, 0);
+  g.report_stopped(0, 0, true);
+  g.report_stopped(0, 1, true);
+  CHECK_FALSE(g.should_decide(0));  // node 2 may still say it stopped
+  g.connection_gone(2);
+  REQUIRE(g.should_decide(0));
+  CHECK_FALSE(g.restart_agreed(0));
+  GroupState spoke(3, 1);
+  for (int n = 0; n < 3; ++n) spoke.report_stopped(0, n, true);
+  CHECK_FALSE(spoke.should_decide(0));
+  spoke.decide(0, false);  // what node 0's "final" says
+  spoke.decide(0, true);   // the first decision stands
+  CHECK(spoke.decision(0) == std::optional<bool>(false));
+}

@@ -4,10 +4,10 @@ each step's batch comes from a generator seeded by (seed, step, rank), so a resu
 end with exactly the parameters of an uninterrupted one.
 
     airhost train_resume.py -n 2 --max-restarts 1 -- --ckpt DIR --out FINAL.pt
-        [--steps 30] [--every 5] [--stall-at 17]
+        [--steps 30] [--every 5] [--stall-at 17] [--stall-rank 1]
 
---stall-at S: on the first attempt, rank 1 writes <ckpt>/stalled (its pid) on reaching
-step S and waits there, for the test to SIGKILL it in the middle of training.
+--stall-at S: on the first attempt, rank 1 (--stall-rank) writes <ckpt>/stalled (its pid) on
+reaching step S and waits there, for the test to SIGKILL it in the middle of training.
 """
 import argparse
 import gc
@@ -37,6 +37,7 @@ def main():
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--stall-at", type=int, default=-1)
+    p.add_argument("--stall-rank", type=int, default=1)
     p.add_argument("--seed", type=int, default=7)
     a = p.parse_args()
 
@@ -61,7 +62,7 @@ def main():
         print(f"attempt {attempt}: starting from scratch", flush=True)
 
     for step in range(start, a.steps):
-        if step == a.stall_at and attempt == 0 and rank == 1:
+        if step == a.stall_at and attempt == 0 and rank == a.stall_rank:
             with open(os.path.join(a.ckpt, "stalled.tmp"), "w") as f:
                 f.write(str(os.getpid()))
             os.rename(os.path.join(a.ckpt, "stalled.tmp"), os.path.join(a.ckpt, "stalled"))
