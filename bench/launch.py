@@ -1144,6 +1144,11 @@ def bench_recovery(b: Bench) -> dict:
         env.update({STAMP_ENV: str(stamps), "AIRHOST_RUNS_DIR": str(run_dir / "airhost-runs")})
         if key == "airhost_warm":
             env.pop("AIRHOST_TRACKING")
+        if key == "torchrun":
+            # Without it the restarted ranks share the agents' rendezvous store, where the dead
+            # ranks' gloo addresses still stand (no key is per attempt), and connect to them:
+            # every round here ended 1 on both nodes. With it rank 0 serves a fresh store.
+            env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         port = free_port()
         logs = [open(run_dir / f"node{k}.log", "wb") for k in (0, 1)]
         procs = [subprocess.Popen(argv_of(port, k) + extra, cwd=run_dir, env=env, stdin=subprocess.DEVNULL,
