@@ -2,7 +2,7 @@
 // Slurm or Kubernetes (Kubeflow's PyTorchJob and Trainer) give the process, for when no flag
 // or config file says. Pure functions: an environment map in, a topology out.
 //
-// What is read, and why (README.md, "Slurm and Kubernetes", has the same as a table):
+// What is read, and why (docs/multinode.md, "Slurm and Kubernetes", has the same as a table):
 //
 // Slurm, when SLURM_JOB_ID is set. airhost runs once per node (srun --ntasks-per-node=1):
 //   nnodes        SLURM_STEP_NUM_NODES, else SLURM_NNODES, else SLURM_JOB_NUM_NODES (inside

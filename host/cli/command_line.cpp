@@ -538,7 +538,7 @@ Config file:
 Slurm and Kubernetes:
   Under srun (one airhost per node) or in a Kubeflow PyTorchJob pod, the node count, node
   rank, master address and port and the ranks per node are taken from the job's
-  environment when no flag or config key gives them (README: "Slurm and Kubernetes");
+  environment when no flag or config key gives them (docs/multinode.md: "Slurm and Kubernetes");
   AIRHOST_DETECT=0 turns that off. --print-env shows what was found.
 
 Exit status:

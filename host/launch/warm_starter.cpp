@@ -75,7 +75,7 @@ std::string read_text(const char* path) {
 // the same strings for itself). Read, never changed: umask(2) would have to set it to read
 // it, racing the caller's other threads; /proc/self/status shows it. Not the cgroup: every
 // ssh login is a cgroup (a systemd scope) of its own, so comparing it would refuse nearly
-// every launch from another terminal; a warm rank is in the server's (README says so).
+// every launch from another terminal; a warm rank is in the server's (docs/internals.md says so).
 Fields process_attributes() {
   Fields f;
   const std::string status = read_text("/proc/self/status");
