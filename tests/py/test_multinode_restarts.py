@@ -68,7 +68,7 @@ def test_an_interrupted_node_ends_the_job_without_a_restart(airhost):
     # Ranks that sleep once they no longer fail: SIGTERM on node 1 in attempt 0 of a job that
     # would otherwise not fail at all is the caller saying stop, on every node.
     n0, n1 = two_nodes(airhost, FLAKY, "--max-restarts", "3", script_args=("--fail-until", "0", "--then-sleep", "60"))
-    wait_for(lambda: b"attempt 0" in n1.out_path.read_bytes() and b"attempt 0" in n0.out_path.read_bytes(), 60,
+    wait_for(lambda: all(n.out_path.read_bytes().count(b"attempt 0 of max") == 2 for n in (n0, n1)), 60,
              "every rank to start")
     n1.signal(signal.SIGTERM)
     r1, r0 = n1.finish(timeout=60), n0.finish(timeout=60)
