@@ -332,8 +332,18 @@ RunReport Launcher::run() {
   }
   const int master_port = spec.node_rank == 0 ? port.port() : spec.master_port;
 
-  // Several nodes: every host joins node 0's before a rank starts, then they watch each other.
+  // From here on run.json says the run is on, and which process runs it: `airhost runs` shows
+  // it running, `airhost logs` can follow it, and a host that dies before the end is seen as
+  // such (its pid is gone) rather than running forever. Replaced as the run ends, whichever
+  // way (a refused join included).
   const double started = detail::now_seconds();
+  try {
+    detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json_started(spec, started));
+  } catch (const std::system_error& e) {
+    throw LaunchError(std::string(e.what()) + "; choose another with --run-dir or AIRHOST_RUNS_DIR");
+  }
+
+  // Several nodes: every host joins node 0's before a rank starts, then they watch each other.
   std::unique_ptr<detail::NodeLink> link;
   if (spec.nnodes > 1) {
     detail::NodeLinkConfig config;
@@ -354,7 +364,17 @@ RunReport Launcher::run() {
         return impl_->pending_cancel != 0;
       });
     } catch (const detail::JoinAuthError& e) {
-      throw LaunchError(e.what());  // no libcrypto, no random bytes: nothing was started
+      // No libcrypto, no random bytes: nothing was started, and run.json says so.
+      RunReport report;
+      report.run_id = spec.run_id;
+      report.run_dir = spec.run_dir;
+      report.exit_code = to_int(ExitCode::usage);
+      report.message = "run " + spec.run_id + ": " + e.what() + "; no rank was started";
+      try {
+        detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json(report, spec, started));
+      } catch (const std::system_error&) {
+      }
+      throw LaunchError(e.what());
     } catch (const detail::NodeJoinError& e) {
       RunReport report;
       report.outcome = Outcome::node_lost;
@@ -372,7 +392,7 @@ RunReport Launcher::run() {
         }
       }
       try {
-        detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json(report, spec));
+        detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json(report, spec, started));
       } catch (const std::system_error&) {
       }
       return report;
@@ -501,7 +521,7 @@ RunReport Launcher::run() {
     report.message += " (no restart left: the group was restarted " + std::to_string(attempt) +
                       " time" + (attempt > 1 ? "s" : "") + ", the most max_restarts allows)";
   try {
-    detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json(report, spec));
+    detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json(report, spec, started));
   } catch (const std::system_error& e) {
     out.say(e.what());  // the run itself is over; say so and go on
   }

@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <limits>
 
+#include <unistd.h>
+
 #include "airhost/exit_code.hpp"
 #include "base/util.hpp"
+#include "launch/proc_tree.hpp"
 
 namespace airhost {
 
@@ -163,20 +166,81 @@ void conclude_run(RunReport& rep, const TeardownCause& cause, const std::vector<
   }
 }
 
-std::string run_json(const RunReport& report, const LaunchSpec& spec) {
-  std::ostringstream o;
-  o << "{\n  \"run_id\": " << q(report.run_id) << ",\n  \"run_dir\": " << q(report.run_dir)
-    << ",\n  \"outcome\": " << q(to_string(report.outcome)) << ",\n  \"exit_code\": " << report.exit_code
-    << ",\n  \"root_cause\": " << report.root_cause << ",\n  \"message\": " << q(report.message)
-    << ",\n  \"wall_seconds\": " << number(report.wall_seconds) << ",\n  \"restarts\": " << report.restarts
-    << ",\n  \"max_restarts\": " << spec.max_restarts << ",\n  \"failed_attempts\": [";
-  for (std::size_t i = 0; i < report.failed_attempts.size(); ++i) o << (i ? ", " : "") << q(report.failed_attempts[i]);
-  o << "],\n  \"entry\": {\"kind\": "
+namespace {
+
+// Who runs the run, and where: what a reader needs to tell a live run from one whose host died
+// without writing its end (the pid alone could be another process's by then: its start time
+// too), and whether `airhost cancel` may end it by a SIGTERM (an embedding program or the
+// Python API keep their signals: they cancel through their own calls).
+void host_fields(std::ostringstream& o, const LaunchSpec& spec, double started_at, double ended_at) {
+  ProcStat self;
+  const bool have_stat = read_proc_stat(static_cast<int>(::getpid()), self);
+  char hostname[256] = "";
+  ::gethostname(hostname, sizeof hostname - 1);
+  const std::string job = getenv_or("SLURM_JOB_ID", "");
+  o << ",\n  \"started_at\": " << number(started_at) << ",\n  \"ended_at\": "
+    << (ended_at > 0 ? number(ended_at) : "null") << ",\n  \"host_pid\": " << ::getpid()
+    << ",\n  \"host_start_ticks\": " << (have_stat ? self.start : 0) << ",\n  \"hostname\": " << q(hostname)
+    << ",\n  \"host_handles_signals\": " << (spec.handle_signals ? "true" : "false")
+    << ",\n  \"scheduler_job_id\": " << (job.empty() ? "null" : q(job));
+}
+
+void entry_fields(std::ostringstream& o, const LaunchSpec& spec) {
+  o << ",\n  \"max_restarts\": " << spec.max_restarts << ",\n  \"entry\": {\"kind\": "
     << q(kind_name(spec.entry.kind)) << ", \"target\": " << q(spec.entry.target) << ", \"function\": "
     << q(spec.entry.function) << ", \"args\": [";
   for (std::size_t i = 0; i < spec.entry.args.size(); ++i) o << (i ? ", " : "") << q(spec.entry.args[i]);
-  o << "]},\n  \"nprocs\": " << spec.nprocs << ",\n  \"nnodes\": " << spec.nnodes << ",\n  \"node_rank\": "
-    << spec.node_rank << ",\n  \"ranks\": [";
+  // Beside "entry", not in it: readers compare that object whole. `train.py:main` and
+  // `-m pkg:main` are both kind "function"; this tells them apart for `airhost runs`.
+  o << "]},\n  \"entry_is_module\": " << (spec.entry.module_target ? "true" : "false") << ",\n  \"nprocs\": " << spec.nprocs << ",\n  \"nnodes\": " << spec.nnodes << ",\n  \"node_rank\": "
+    << spec.node_rank;
+}
+
+bool file_exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
+
+}  // namespace
+
+std::string final_state(Outcome outcome, bool cancel_requested) {
+  if (outcome == Outcome::interrupted && cancel_requested) return "cancelled";
+  return to_string(outcome);
+}
+
+std::string run_json_started(const LaunchSpec& spec, double started_at) {
+  std::ostringstream o;
+  o << "{\n  \"run_id\": " << q(spec.run_id) << ",\n  \"run_dir\": " << q(spec.run_dir)
+    << ",\n  \"state\": \"running\",\n  \"outcome\": null,\n  \"exit_code\": null,\n  \"root_cause\": -1"
+    << ",\n  \"message\": " << q("run " + spec.run_id + " is running") << ",\n  \"wall_seconds\": 0"
+    << ",\n  \"restarts\": 0,\n  \"failed_attempts\": []";
+  host_fields(o, spec, started_at, 0);
+  entry_fields(o, spec);
+  // The ranks to be: where their logs will be, so that `airhost logs` can follow them now.
+  o << ",\n  \"ranks\": [";
+  for (int i = 0; i < spec.nprocs; ++i) {
+    const int rank = spec.node_rank * spec.nprocs + i;
+    const std::string base = spec.run_dir + "/logs/rank-" + std::to_string(rank);
+    o << (i ? "," : "") << "\n    {\"rank\": " << rank << ", \"local_rank\": " << i
+      << ", \"pid\": 0, \"state\": \"pending\", \"exit_code\": -1, \"signal\": 0, \"signal_name\": null"
+      << ", \"has_result\": false, \"started_at\": 0, \"ended_at\": 0, \"stdout_log\": " << q(base + ".stdout.log")
+      << ", \"stderr_log\": " << q(base + ".stderr.log") << ", \"error\": null}";
+  }
+  o << "\n  ]\n}\n";
+  return o.str();
+}
+
+std::string run_json(const RunReport& report, const LaunchSpec& spec, double started_at) {
+  std::ostringstream o;
+  const std::string run_dir = report.run_dir.empty() ? spec.run_dir : report.run_dir;
+  o << "{\n  \"run_id\": " << q(report.run_id) << ",\n  \"run_dir\": " << q(report.run_dir)
+    << ",\n  \"state\": " << q(final_state(report.outcome, file_exists(run_dir + "/" + kCancelRequestFile)))
+    << ",\n  \"outcome\": " << q(to_string(report.outcome)) << ",\n  \"exit_code\": " << report.exit_code
+    << ",\n  \"root_cause\": " << report.root_cause << ",\n  \"message\": " << q(report.message)
+    << ",\n  \"wall_seconds\": " << number(report.wall_seconds) << ",\n  \"restarts\": " << report.restarts
+    << ",\n  \"failed_attempts\": [";
+  for (std::size_t i = 0; i < report.failed_attempts.size(); ++i) o << (i ? ", " : "") << q(report.failed_attempts[i]);
+  o << "]";
+  host_fields(o, spec, started_at, started_at + report.wall_seconds);
+  entry_fields(o, spec);
+  o << ",\n  \"ranks\": [";
   for (std::size_t i = 0; i < report.ranks.size(); ++i) {
     const auto& r = report.ranks[i];
     o << (i ? "," : "") << "\n    {\"rank\": " << r.rank << ", \"local_rank\": " << r.local_rank

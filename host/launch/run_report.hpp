@@ -31,7 +31,22 @@ struct TeardownCause {
 // supervisor sent local rank i a teardown signal.
 void conclude_run(RunReport& report, const TeardownCause& cause, const std::vector<bool>& signalled);
 
-std::string run_json(const RunReport& report, const LaunchSpec& spec);
+// run.json, the one record of a run whoever started it (the CLI, the Python API, a submit):
+// written when the run starts, with state "running" and the host's pid, and replaced
+// (write_file_atomic) by run_json() as the run ends. `started_at`: when the launch began
+// (seconds since the epoch). The readers (`airhost runs`, cli/run_records.hpp) tell a run
+// whose host died without replacing it by that pid and its start time.
+std::string run_json_started(const LaunchSpec& spec, double started_at);
+std::string run_json(const RunReport& report, const LaunchSpec& spec, double started_at);
+
+// The file `airhost cancel` leaves in a run directory before it sends the host SIGTERM, so
+// that the run, interrupted by it, ends "cancelled" rather than "interrupted".
+inline constexpr const char* kCancelRequestFile = "cancel.request";
+
+// The state run.json gives an ended run: succeeded, failed, timed_out, node_lost,
+// not_started, interrupted (a signal, Ctrl-C, cancel() of the API), or cancelled
+// (interrupted after `airhost cancel` asked for it).
+std::string final_state(Outcome outcome, bool cancel_requested);
 
 // One line per failed rank (rank, pid, exit code or signal, first line of its exception,
 // log path), then the root cause's full traceback. Empty for a successful run.
