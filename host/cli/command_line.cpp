@@ -462,6 +462,9 @@ std::string usage_text() {
        airhost [flags] -m MODULE[:FUNCTION] [flags] [-- script args]
        airhost doctor [--json]
        airhost warm start [--preload M,M] | stop | status
+       airhost runs [--json] | runs show ID
+       airhost logs ID [--node K] [--rank R] [--follow] [--tail N]
+       airhost cancel ID
 
 Runs a Python (PyTorch) program on N ranks of this node, like torchrun: one process per
 rank, each with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set. Output is
@@ -474,6 +477,15 @@ Targets:
   -m pkg.train:main     import the module and call main()
   Everything after the first `--` is passed to the script as sys.argv[1:]; flags may
   come before or after the target.
+
+Runs (docs/jobs.md): every launch keeps a run directory with run.json and its logs.
+  runs                  the runs, newest first: id, state, nodes x ranks, start, duration,
+                        exit code, entry, scheduler job id (--json: as JSON)
+  runs show ID          one run: each rank, the root cause with its traceback, log paths
+  logs ID               a run's rank logs (--rank R, --node K, --tail N; --follow until the
+                        run ends)
+  cancel ID             stop a running run (SIGTERM to its airhost, which stops its ranks)
+  ID is a run id, a unique prefix of one, or latest.
 
 Flags:
   -n, --accelerators N  ranks to start (also --nproc-per-node, --nproc_per_node);

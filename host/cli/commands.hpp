@@ -19,6 +19,11 @@ int doctor_command(const HostOptions& opts);
 // `airhost warm start|stop|status` (warm_command.cpp).
 int warm_command(const HostOptions& opts);
 
+// `airhost runs [--json] | runs show ID`, `airhost logs ID [...]`, `airhost cancel ID`
+// (run_commands.cpp): the runs root read back. `word` is the first argument, `args` the rest.
+bool is_run_command(const std::string& word);
+int run_command(const std::string& word, const std::vector<std::string>& args);
+
 // `--print-env`: where this node's place in the job came from, and each local rank's
 // environment (print_env.cpp).
 int print_env(const LaunchSpec& spec, const ClusterResolution& cluster);

@@ -133,6 +133,14 @@ int main(int argc, char** argv) {
 namespace {
 
 int run_main(int argc, char** argv) {
+  // The commands about runs that exist (runs, logs, cancel) take run ids, not a launch's
+  // flags: they have their own small parser.
+  if (argc > 1 && is_run_command(argv[1])) {
+    const std::vector<std::string> rest(argv + 2, argv + argc);
+    for (const auto& a : rest)
+      if (a == "-h" || a == "--help") return std::fputs(usage_text().c_str(), stdout), 0;
+    return run_command(argv[1], rest);
+  }
 
   HostOptions opts;
   try {

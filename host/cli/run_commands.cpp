@@ -1,0 +1,329 @@
+// run_commands.cpp — `airhost runs [show ID]`, `airhost logs ID`, `airhost cancel ID`: the runs
+// root read back (run_records.hpp), the same for runs of `airhost train.py`, of `submit` and of
+// the Python API, since each leaves its run.json in its run directory.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "airhost/exit_code.hpp"
+#include "airhost/launch.hpp"
+#include "base/errors.hpp"
+#include "base/util.hpp"
+#include "cli/commands.hpp"
+#include "cli/run_records.hpp"
+#include "launch/run_dir.hpp"
+#include "launch/run_report.hpp"
+
+namespace airhost::detail {
+
+namespace {
+
+// These commands say what was wrong in one line: the id, the run's state, what to type.
+int one_line_error(const std::string& message) {
+  std::fprintf(stderr, "airhost: %s\n", message.c_str());
+  return to_int(ExitCode::usage);
+}
+
+std::optional<long> parse_count(const std::string& text) {
+  long v = 0;
+  const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || p != text.data() + text.size() || v < 0) return std::nullopt;
+  return v;
+}
+
+// `--flag VALUE` or `--flag=VALUE` at args[i]; advances i past the value.
+std::string flag_value(const std::vector<std::string>& args, std::size_t& i, const std::string& name,
+                       const std::string& example) {
+  const std::string& a = args[i];
+  if (a.size() > name.size() && a[name.size()] == '=') return a.substr(name.size() + 1);
+  if (i + 1 >= args.size()) throw ConfigError(name + " needs a value, e.g. " + name + " " + example);
+  return args[++i];
+}
+
+const RunRecord& find_run(const std::vector<RunRecord>& runs, const std::string& id) {
+  return resolve_run(runs, id, default_runs_root());
+}
+
+std::string ended_text(const RunRecord& r) {
+  std::string s = r.state;
+  if (r.exit_code) s += " (exit " + std::to_string(*r.exit_code) + ")";
+  return s;
+}
+
+// ---- runs, runs show -----------------------------------------------------------------------
+
+int show_run(const RunRecord& r) {
+  std::printf("run %s: %s\n", r.id.c_str(), ended_text(r).c_str());
+  if (!r.message.empty()) std::printf("  %s\n", r.message.c_str());
+  if (!r.problem.empty()) std::printf("  %s\n", r.problem.c_str());
+  std::string entry = r.entry;
+  for (const auto& a : r.args) entry += " " + shell_quote(a);
+  std::printf("entry:     %s\n", entry.c_str());
+  std::printf("nodes:     %d × %d rank(s) (this directory: node %d)\n", r.nnodes, r.nprocs, r.node_rank);
+  if (r.host_pid) std::printf("host:      pid %d on %s\n", r.host_pid, r.hostname.empty() ? "?" : r.hostname.c_str());
+  if (!r.scheduler_job_id.empty()) std::printf("slurm job: %s\n", r.scheduler_job_id.c_str());
+  if (r.restarts) std::printf("restarts:  %d\n", r.restarts);
+  std::printf("run dir:   %s\n", r.dir.c_str());
+  // The MLflow run, when the launch made one (tracking.hpp writes its variables there).
+  std::ifstream tracking(r.dir + "/tracking.env");
+  for (std::string line; std::getline(tracking, line);)
+    if (line.rfind("MLFLOW_RUN_ID=", 0) == 0) std::printf("mlflow:    run %s\n", line.substr(14).c_str());
+  if (!r.ranks.empty()) std::printf("ranks:\n");
+  for (const auto& k : r.ranks) {
+    std::string how = k.state;
+    if (k.signal) how += ", " + (k.signal_name.empty() ? "signal " + std::to_string(k.signal) : k.signal_name);
+    else if (k.exit_code >= 0) how += ", exit " + std::to_string(k.exit_code);
+    std::printf("  rank %d (node %d, local %d, pid %d): %s%s\n", k.rank, r.node_rank, k.local_rank, k.pid, how.c_str(),
+                k.has_error ? (": " + k.error_type).c_str() : "");
+    std::printf("    logs: %s\n          %s\n", k.stdout_log.c_str(), k.stderr_log.c_str());
+  }
+  std::printf("host log:  %s/logs/host.log\n", r.dir.c_str());
+  for (const auto& k : r.ranks) {
+    if (k.rank != r.root_cause) continue;
+    std::printf("root cause: rank %d\n", k.rank);
+    if (k.has_error && !k.traceback.empty()) {
+      std::fputs(k.traceback.c_str(), stdout);
+      if (k.traceback.back() != '\n') std::fputc('\n', stdout);
+    } else if (k.has_error) {
+      std::printf("%s: %s\n", k.error_type.c_str(), k.error_message.c_str());
+    } else {
+      std::printf("  (no Python exception was reported; see the end of %s)\n", k.stderr_log.c_str());
+    }
+  }
+  return 0;
+}
+
+int runs_command(const std::vector<std::string>& args) {
+  bool json = false;
+  std::vector<std::string> words;
+  for (const auto& a : args) {
+    if (a == "--json") json = true;
+    else if (a.size() > 1 && a[0] == '-') return one_line_error("unknown flag '" + a + "' for airhost runs; it takes --json, or show ID");
+    else words.push_back(a);
+  }
+  const auto runs = list_runs(default_runs_root());
+  if (words.empty()) {
+    std::fputs((json ? runs_json(runs, now_seconds()) : runs_table(runs, now_seconds())).c_str(), stdout);
+    return 0;
+  }
+  if (words[0] != "show")
+    return one_line_error("airhost runs takes show ID (or nothing), got '" + words[0] + "'; e.g. airhost runs show latest");
+  if (words.size() != 2) return one_line_error("airhost runs show takes one run id, e.g. airhost runs show latest");
+  if (json) return one_line_error("--json lists the runs; drop it, or run airhost runs --json");
+  return show_run(find_run(runs, words[1]));
+}
+
+// ---- logs -----------------------------------------------------------------------------------
+
+// One log file being printed: where it goes, how far it was read, an unfinished last line.
+struct LogFile {
+  std::string path;
+  FILE* to;
+  std::string prefix;
+  off_t offset = 0;
+  std::string partial;
+};
+
+// Prints what `f` holds past its offset, line by line with the prefix; an unfinished last line
+// waits for its end unless `flush`.
+void pump(LogFile& f, bool flush) {
+  const int fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buf[1 << 16];
+    ssize_t n;
+    while ((n = ::pread(fd, buf, sizeof buf, f.offset)) > 0) {
+      f.offset += n;
+      f.partial.append(buf, static_cast<std::size_t>(n));
+      std::size_t start = 0, nl;
+      std::string out;
+      while ((nl = f.partial.find('\n', start)) != std::string::npos) {
+        out += f.prefix;
+        out.append(f.partial, start, nl + 1 - start);
+        start = nl + 1;
+      }
+      f.partial.erase(0, start);
+      write_all(::fileno(f.to), out);
+    }
+    ::close(fd);
+  }
+  if (flush && !f.partial.empty()) {
+    write_all(::fileno(f.to), f.prefix + f.partial + "\n");
+    f.partial.clear();
+  }
+}
+
+// Where the last `lines` lines of the file at `path` begin.
+off_t tail_offset(const std::string& path, long lines) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return 0;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::size_t pos = text.size();
+  if (pos && text[pos - 1] == '\n') --pos;
+  long seen = 0;
+  while (pos > 0) {
+    if (text[pos - 1] == '\n' && ++seen == lines) break;
+    --pos;
+  }
+  return lines == 0 ? static_cast<off_t>(text.size()) : static_cast<off_t>(pos);
+}
+
+volatile sig_atomic_t g_stop_following = 0;
+void on_follow_signal(int) { g_stop_following = 1; }
+
+int logs_command(const std::vector<std::string>& args) {
+  std::optional<std::string> id;
+  std::optional<long> node, rank, tail;
+  bool follow = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto count = [&](const std::string& name, const std::string& example) {
+      const std::string v = flag_value(args, i, name, example);
+      auto n = parse_count(v);
+      if (!n) throw ConfigError(name + " must be a non-negative integer, got '" + v + "'; e.g. " + name + " " + example);
+      return *n;
+    };
+    if (a == "--follow" || a == "-f") follow = true;
+    else if (a == "--node" || a.rfind("--node=", 0) == 0) node = count("--node", "1");
+    else if (a == "--rank" || a.rfind("--rank=", 0) == 0) rank = count("--rank", "3");
+    else if (a == "--tail" || a.rfind("--tail=", 0) == 0) tail = count("--tail", "100");
+    else if (a.size() > 1 && a[0] == '-')
+      throw ConfigError("unknown flag '" + a + "' for airhost logs; it takes --node K, --rank R, --follow, --tail N");
+    else if (id) throw ConfigError("airhost logs takes one run id, got '" + *id + "' and '" + a + "'");
+    else id = a;
+  }
+  if (!id) throw ConfigError("airhost logs needs a run id, e.g. airhost logs latest (airhost runs lists them)");
+  const auto runs = list_runs(default_runs_root());
+  RunRecord run = find_run(runs, *id);
+  if (run.ranks.empty()) throw ConfigError("run " + run.id + " has no rank logs yet (" + run.state + "); try again in a moment");
+  if (node && *node != run.node_rank)
+    throw ConfigError("run " + run.id + " holds the logs of node " + std::to_string(run.node_rank) + " only (" +
+                      std::to_string(run.nnodes) + " node(s)); give --node " + std::to_string(run.node_rank) + " or leave it out");
+  std::vector<const RankRecord*> chosen;
+  for (const auto& k : run.ranks)
+    if (!rank || k.rank == *rank) chosen.push_back(&k);
+  if (chosen.empty())
+    throw ConfigError("run " + run.id + " has ranks " + std::to_string(run.ranks.front().rank) + ".." +
+                      std::to_string(run.ranks.back().rank) + " on node " + std::to_string(run.node_rank) + ", not rank " +
+                      std::to_string(*rank) + "; give one of those to --rank");
+
+  // A rank's stdout log goes to stdout and its stderr log to stderr; with several ranks each
+  // line says whose it is, as on the console of the run.
+  std::vector<LogFile> files;
+  for (const auto* k : chosen) {
+    const std::string prefix = chosen.size() > 1 ? "[rank " + std::to_string(k->rank) + "] " : "";
+    files.push_back({k->stdout_log, stdout, prefix, 0, ""});
+    files.push_back({k->stderr_log, stderr, prefix, 0, ""});
+  }
+  if (tail)
+    for (auto& f : files) f.offset = tail_offset(f.path, *tail);
+  std::fflush(nullptr);
+  if (!follow) {
+    for (auto& f : files) pump(f, true);
+    return 0;
+  }
+  // Following ends when the run does (or Ctrl-C: only this reader stops).
+  struct sigaction sa{};
+  sa.sa_handler = on_follow_signal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  while (!g_stop_following) {
+    for (auto& f : files) pump(f, false);
+    RunRecord now = read_run_record(run.dir);
+    settle(now);
+    if (now.state != "running" && now.state != "starting") {
+      for (auto& f : files) pump(f, true);  // what was written before run.json said it ended
+      if (now.state == "lost" || now.state == "unknown")
+        std::fprintf(stderr, "airhost: run %s: %s\n", now.id.c_str(), now.problem.c_str());
+      return 0;
+    }
+    ::poll(nullptr, 0, 200);
+  }
+  for (auto& f : files) pump(f, true);
+  return 0;
+}
+
+// ---- cancel ---------------------------------------------------------------------------------
+
+int cancel_command(const std::vector<std::string>& args) {
+  std::optional<std::string> id;
+  for (const auto& a : args) {
+    if (a.size() > 1 && a[0] == '-') throw ConfigError("unknown flag '" + a + "' for airhost cancel; it takes a run id alone");
+    if (id) throw ConfigError("airhost cancel takes one run id, got '" + *id + "' and '" + a + "'");
+    id = a;
+  }
+  if (!id) throw ConfigError("airhost cancel needs a run id, e.g. airhost cancel latest (airhost runs lists them)");
+  const auto runs = list_runs(default_runs_root());
+  const RunRecord& run = find_run(runs, *id);
+  if (is_ended(run.state))
+    throw ConfigError("run " + run.id + " has already ended: " + ended_text(run) + "; nothing to cancel");
+  if (run.state == "lost") throw ConfigError("run " + run.id + " is not running: " + run.problem + "; nothing to cancel");
+  if (run.state == "starting")
+    throw ConfigError("run " + run.id + " is starting (no run.json yet); cancel it again in a moment");
+  if (run.state == "unknown")
+    throw ConfigError("cannot tell whether run " + run.id + " runs: " + run.problem +
+                      (run.hostname.empty() ? "" : "; cancel it on " + run.hostname));
+  if (!run.host_handles_signals)
+    throw ConfigError("run " + run.id + " belongs to a program embedding airhost (the Python API, pid " +
+                      std::to_string(run.host_pid) + "), which keeps its own signals; cancel it there (Ctrl-C, or "
+                      "cancel() on its future)");
+
+  // The request first, so that the host, ending interrupted by our SIGTERM, records "cancelled".
+  try {
+    write_file_atomic(run.dir + "/" + kCancelRequestFile,
+                      "{\"pid\": " + std::to_string(::getpid()) + ", \"time\": " + std::to_string(now_seconds()) + "}\n");
+  } catch (const std::exception& e) {
+    throw ConfigError(std::string(e.what()) + "; cancel needs to write into the run directory");
+  }
+  // SIGTERM to the host: it stops every rank by its contract (SIGTERM, the grace period,
+  // then SIGKILL) and writes run.json as it ends.
+  if (::kill(run.host_pid, SIGTERM) != 0 && errno != ESRCH)
+    throw ConfigError("cannot signal run " + run.id + "'s host (pid " + std::to_string(run.host_pid) +
+                      "): " + std::strerror(errno));
+  std::fprintf(stderr, "airhost: run %s: asked its host (pid %d) to stop its ranks\n", run.id.c_str(), run.host_pid);
+  const double deadline = now_seconds() + 120;
+  while (now_seconds() < deadline) {
+    RunRecord now = read_run_record(run.dir);
+    settle(now);
+    if (now.state != "running") {
+      if (now.state == "lost") {
+        std::fprintf(stderr, "airhost: run %s: its host is gone without recording the end\n", run.id.c_str());
+        return to_int(ExitCode::generic_failure);
+      }
+      std::fprintf(stderr, "airhost: run %s %s\n", run.id.c_str(),
+                   now.state == "cancelled" ? ("cancelled" + std::string(now.exit_code ? " (exit " + std::to_string(*now.exit_code) + ")" : "")).c_str()
+                                             : ("ended " + ended_text(now) + " before the cancel reached it").c_str());
+      return 0;
+    }
+    ::poll(nullptr, 0, 100);
+  }
+  std::fprintf(stderr, "airhost: run %s: its host (pid %d) is still stopping its ranks after 120 s; airhost runs shows when it has\n",
+               run.id.c_str(), run.host_pid);
+  return to_int(ExitCode::generic_failure);
+}
+
+}  // namespace
+
+bool is_run_command(const std::string& word) { return word == "runs" || word == "logs" || word == "cancel"; }
+
+int run_command(const std::string& word, const std::vector<std::string>& args) {
+  try {
+    if (word == "runs") return runs_command(args);
+    if (word == "logs") return logs_command(args);
+    return cancel_command(args);
+  } catch (const ConfigError& e) {
+    return one_line_error(e.what());
+  }
+}
+
+}  // namespace airhost::detail

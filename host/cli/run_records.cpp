@@ -1,0 +1,282 @@
+// run_records.cpp — run.json read back (see run_records.hpp).
+#include "cli/run_records.hpp"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "base/errors.hpp"
+#include "base/json_value.hpp"
+#include "base/util.hpp"
+#include "launch/proc_tree.hpp"
+
+namespace airhost::detail {
+
+namespace {
+
+std::string entry_text(const JsonValue& e, bool module) {
+  const std::string kind = e["kind"].str(), target = e["target"].str(), function = e["function"].str();
+  if (kind == "script") return target;
+  if (kind == "module") return "-m " + target;
+  if (kind == "function") return (module ? "-m " : "") + target + ":" + function;
+  if (kind == "pickled") return "(Python API)";
+  return target;
+}
+
+std::string read_text(const std::string& path, bool& ok) {
+  std::ifstream in(path, std::ios::binary);
+  ok = static_cast<bool>(in);
+  return ok ? std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()) : std::string();
+}
+
+std::string q(const std::string& s) { return "\"" + json_escape(s) + "\""; }
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.3f", v);
+  return buf;
+}
+
+std::string local_time(double t) {
+  if (t <= 0) return "-";
+  const std::time_t s = static_cast<std::time_t>(t);
+  std::tm tm{};
+  ::localtime_r(&s, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
+  return buf;
+}
+
+double duration_of(const RunRecord& r, double now) {
+  if (r.ended_at > 0) return r.wall_seconds > 0 ? r.wall_seconds : r.ended_at - r.started_at;
+  if (r.state == "running" && r.started_at > 0) return std::max(0.0, now - r.started_at);
+  return -1;
+}
+
+}  // namespace
+
+RunRecord parse_run_record(const std::string& dir, const std::string& json_text) {
+  RunRecord r;
+  r.dir = dir;
+  r.id = dir.substr(dir.find_last_of('/') + 1);
+  JsonValue j;
+  try {
+    j = JsonValue::parse(json_text);
+  } catch (const JsonError& e) {
+    r.state = "unknown";
+    r.problem = dir + "/run.json: " + e.what();
+    return r;
+  }
+  r.id = j["run_id"].str(r.id);
+  // Records written before run.json had a state carry only the outcome.
+  r.state = j["state"].str(j["outcome"].str("unknown"));
+  if (j["exit_code"].type() == JsonValue::Type::number) r.exit_code = static_cast<int>(j["exit_code"].integer());
+  r.root_cause = static_cast<int>(j["root_cause"].integer(-1));
+  r.message = j["message"].str();
+  r.started_at = j["started_at"].num();
+  r.ended_at = j["ended_at"].num();
+  r.wall_seconds = j["wall_seconds"].num();
+  r.restarts = static_cast<int>(j["restarts"].integer());
+  r.host_pid = static_cast<int>(j["host_pid"].integer());
+  r.host_start_ticks = static_cast<std::uint64_t>(j["host_start_ticks"].num());
+  r.hostname = j["hostname"].str();
+  r.host_handles_signals = j["host_handles_signals"].boolean();
+  r.scheduler_job_id = j["scheduler_job_id"].str();
+  r.entry = entry_text(j["entry"], j["entry_is_module"].boolean());
+  for (const auto& a : j["entry"]["args"].items()) r.args.push_back(a.str());
+  r.nprocs = static_cast<int>(j["nprocs"].integer());
+  r.nnodes = static_cast<int>(j["nnodes"].integer(1));
+  r.node_rank = static_cast<int>(j["node_rank"].integer());
+  for (const auto& x : j["ranks"].items()) {
+    RankRecord k;
+    k.rank = static_cast<int>(x["rank"].integer());
+    k.local_rank = static_cast<int>(x["local_rank"].integer());
+    k.pid = static_cast<int>(x["pid"].integer());
+    k.state = x["state"].str();
+    k.exit_code = static_cast<int>(x["exit_code"].integer(-1));
+    k.signal = static_cast<int>(x["signal"].integer());
+    k.signal_name = x["signal_name"].str();
+    k.stdout_log = x["stdout_log"].str();
+    k.stderr_log = x["stderr_log"].str();
+    if (x["error"].type() == JsonValue::Type::object) {
+      k.has_error = true;
+      k.error_type = x["error"]["type"].str();
+      k.error_message = x["error"]["message"].str();
+      k.traceback = x["error"]["traceback"].str();
+    }
+    r.ranks.push_back(std::move(k));
+  }
+  return r;
+}
+
+RunRecord read_run_record(const std::string& dir) {
+  bool ok = false;
+  const std::string text = read_text(dir + "/run.json", ok);
+  if (ok) return parse_run_record(dir, text);
+  RunRecord r;
+  r.dir = dir;
+  r.id = dir.substr(dir.find_last_of('/') + 1);
+  // A submit makes the directory a moment before its host writes run.json; an old directory
+  // without one is a run that never got that far (or something else).
+  struct stat st{};
+  const bool recent = ::stat(dir.c_str(), &st) == 0 && now_seconds() - static_cast<double>(st.st_mtime) < 60;
+  r.state = recent ? "starting" : "unknown";
+  r.started_at = ::stat(dir.c_str(), &st) == 0 ? static_cast<double>(st.st_mtime) : 0;
+  if (!recent) r.problem = "no run.json in " + dir;
+  return r;
+}
+
+bool is_ended(const std::string& state) {
+  return state != "running" && state != "starting" && state != "lost" && state != "unknown";
+}
+
+void settle(RunRecord& r, const std::string& this_hostname,
+            const std::function<bool(int, std::uint64_t)>& host_alive) {
+  if (r.state != "running") return;
+  if (!r.hostname.empty() && r.hostname != this_hostname) {
+    r.state = "unknown";
+    r.problem = "run " + r.id + " runs on host " + r.hostname + ", not on this one";
+    return;
+  }
+  if (r.host_pid <= 0 || !host_alive(r.host_pid, r.host_start_ticks)) {
+    r.state = "lost";
+    r.problem = "its host (pid " + std::to_string(r.host_pid) + ") is gone without recording how the run ended";
+  }
+}
+
+void settle(RunRecord& r) {
+  char hostname[256] = "";
+  ::gethostname(hostname, sizeof hostname - 1);
+  settle(r, hostname, [](int pid, std::uint64_t ticks) {
+    ProcStat st;
+    // The same pid with another start time is another process: the host is gone.
+    return read_proc_stat(pid, st) && st.state != 'Z' && st.state != 'X' && (ticks == 0 || st.start == ticks);
+  });
+}
+
+std::vector<RunRecord> list_runs(const std::string& root) {
+  std::vector<RunRecord> runs;
+  DIR* d = ::opendir(root.c_str());
+  if (!d) return runs;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.empty() || name[0] == '.') continue;
+    const std::string dir = root + "/" + name;
+    struct stat st{};
+    if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    RunRecord r = read_run_record(dir);
+    settle(r);
+    runs.push_back(std::move(r));
+  }
+  ::closedir(d);
+  // Run ids begin with their start time, so they sort as the runs started; the recorded start
+  // decides between runs that have one (ids made on hosts with other time zones).
+  std::sort(runs.begin(), runs.end(), [](const RunRecord& a, const RunRecord& b) {
+    if (a.started_at > 0 && b.started_at > 0 && a.started_at != b.started_at) return a.started_at > b.started_at;
+    return a.id > b.id;
+  });
+  return runs;
+}
+
+const RunRecord& resolve_run(const std::vector<RunRecord>& runs, const std::string& wanted, const std::string& root) {
+  if (runs.empty())
+    throw ConfigError("no runs in " + root + " yet (AIRHOST_RUNS_DIR chooses where runs are kept)");
+  if (wanted == "latest") return runs.front();
+  if (wanted.empty()) throw ConfigError("the run id is empty; give one that airhost runs lists, or latest");
+  std::vector<const RunRecord*> matches;
+  for (const auto& r : runs) {
+    if (r.id == wanted) return r;
+    if (r.id.rfind(wanted, 0) == 0) matches.push_back(&r);
+  }
+  if (matches.size() == 1) return *matches.front();
+  if (matches.empty())
+    throw ConfigError("no run '" + wanted + "' in " + root + "; airhost runs lists the runs there");
+  std::string some;
+  for (std::size_t i = 0; i < matches.size() && i < 3; ++i) some += (i ? ", " : "") + matches[i]->id;
+  throw ConfigError("run id '" + wanted + "' is ambiguous: " + std::to_string(matches.size()) + " runs start with it (" +
+                    some + (matches.size() > 3 ? ", ..." : "") + "); give more of it");
+}
+
+std::string duration_text(double seconds) {
+  if (seconds < 0) return "-";
+  char buf[32];
+  if (seconds < 60) {
+    std::snprintf(buf, sizeof buf, "%.1f s", seconds);
+  } else if (seconds < 3600) {
+    const long s = std::lround(seconds);
+    std::snprintf(buf, sizeof buf, "%ldm %02lds", s / 60, s % 60);
+  } else {
+    const long m = std::lround(seconds / 60);
+    std::snprintf(buf, sizeof buf, "%ldh %02ldm", m / 60, m % 60);
+  }
+  return buf;
+}
+
+std::string runs_table(const std::vector<RunRecord>& runs, double now) {
+  struct Row {
+    std::string cells[8];
+  };
+  std::vector<Row> rows;
+  rows.push_back({{"ID", "STATE", "NODES×RANKS", "STARTED", "DURATION", "EXIT", "ENTRY", "JOB"}});
+  for (const auto& r : runs) {
+    std::string entry = r.entry;
+    for (const auto& a : r.args) entry += " " + a;
+    if (entry.size() > 48) entry = entry.substr(0, 45) + "...";
+    const std::string shape = r.nprocs > 0 ? std::to_string(r.nnodes) + "×" + std::to_string(r.nprocs) : "-";
+    rows.push_back({{r.id, r.state, shape, local_time(r.started_at), duration_text(duration_of(r, now)),
+                     r.exit_code ? std::to_string(*r.exit_code) : "-", entry.empty() ? "-" : entry,
+                     r.scheduler_job_id.empty() ? "-" : r.scheduler_job_id}});
+  }
+  // Widths in characters, not bytes: × is two bytes of UTF-8 and one column.
+  auto width = [](const std::string& s) {
+    std::size_t n = 0;
+    for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+    return n;
+  };
+  std::size_t widths[8] = {};
+  for (const auto& row : rows)
+    for (int c = 0; c < 8; ++c) widths[c] = std::max(widths[c], width(row.cells[c]));
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (int c = 0; c < 8; ++c) {
+      line += row.cells[c];
+      if (c < 7) line += std::string(widths[c] - width(row.cells[c]) + 2, ' ');
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::string runs_json(const std::vector<RunRecord>& runs, double now) {
+  std::ostringstream o;
+  o << "[";
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const auto& r = runs[i];
+    const double d = duration_of(r, now);
+    o << (i ? "," : "") << "\n  {\"run_id\": " << q(r.id) << ", \"state\": " << q(r.state) << ", \"nnodes\": " << r.nnodes
+      << ", \"nprocs\": " << r.nprocs << ", \"started_at\": " << (r.started_at > 0 ? number(r.started_at) : "null")
+      << ", \"ended_at\": " << (r.ended_at > 0 ? number(r.ended_at) : "null")
+      << ", \"duration_seconds\": " << (d >= 0 ? number(d) : "null")
+      << ", \"exit_code\": " << (r.exit_code ? std::to_string(*r.exit_code) : "null") << ", \"entry\": " << q(r.entry)
+      << ", \"args\": [";
+    for (std::size_t k = 0; k < r.args.size(); ++k) o << (k ? ", " : "") << q(r.args[k]);
+    o << "], \"scheduler_job_id\": " << (r.scheduler_job_id.empty() ? "null" : q(r.scheduler_job_id))
+      << ", \"host_pid\": " << r.host_pid << ", \"hostname\": " << q(r.hostname) << ", \"run_dir\": " << q(r.dir)
+      << ", \"message\": " << q(r.message) << "}";
+  }
+  o << (runs.empty() ? "]\n" : "\n]\n");
+  return o.str();
+}
+
+}  // namespace airhost::detail

@@ -1,0 +1,90 @@
+// run_records.hpp — the runs root read back: each run directory's run.json as a RunRecord,
+// whether a "running" run still has its host, run ids as the user types them, and the table
+// of `airhost runs`. Pure but for reading files and /proc (run_commands.cpp prints).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace airhost::detail {
+
+struct RankRecord {
+  int rank = 0;
+  int local_rank = 0;
+  int pid = 0;
+  std::string state;           // pending, running, succeeded, failed, stopped
+  int exit_code = -1;
+  int signal = 0;
+  std::string signal_name;
+  std::string stdout_log;
+  std::string stderr_log;
+  bool has_error = false;      // the rank sent an exception:
+  std::string error_type;      //   its type,
+  std::string error_message;   //   str(exception)
+  std::string traceback;       //   and the formatted traceback
+};
+
+struct RunRecord {
+  std::string id;
+  std::string dir;
+  // What run.json says (running, succeeded, failed, cancelled, interrupted, timed_out,
+  // node_lost, not_started), then, by settle(): lost when its host is gone without writing
+  // the end, unknown when it runs on another host or its run.json is unreadable, starting when
+  // there is no run.json yet (a submit a moment ago).
+  std::string state;
+  std::optional<int> exit_code;
+  int root_cause = -1;
+  std::string message;
+  double started_at = 0;       // seconds since the epoch; 0 = not recorded
+  double ended_at = 0;         // 0 = not ended (or not recorded)
+  double wall_seconds = 0;
+  int restarts = 0;
+  int host_pid = 0;
+  std::uint64_t host_start_ticks = 0;
+  std::string hostname;
+  bool host_handles_signals = false;
+  std::string scheduler_job_id;
+  std::string entry;           // as typed: train.py, train.py:main, -m pkg, (Python API)
+  std::vector<std::string> args;
+  int nprocs = 0;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::vector<RankRecord> ranks;
+  std::string problem;         // why the record could not be read, when it could not
+};
+
+// run.json's text → a record; a text that is not JSON gives state "unknown" and `problem`.
+RunRecord parse_run_record(const std::string& dir, const std::string& json_text);
+
+// Reads `dir`/run.json (a directory without one: state "starting" for a minute, then
+// "unknown"). Never throws.
+RunRecord read_run_record(const std::string& dir);
+
+// A "running" record whose host is gone is "lost"; one on another host is "unknown" (nothing
+// here can tell). `host_alive(pid, start_ticks)`: the process is there and is that one.
+void settle(RunRecord& r, const std::string& this_hostname,
+            const std::function<bool(int pid, std::uint64_t start_ticks)>& host_alive);
+// The same, with this node's hostname and /proc.
+void settle(RunRecord& r);
+
+bool is_ended(const std::string& state);  // succeeded, failed, cancelled, ...: not running, starting, lost, unknown
+
+// Every run directory under `root`, read and settled, newest first. A root that does not
+// exist holds no runs.
+std::vector<RunRecord> list_runs(const std::string& root);
+
+// The run that `wanted` names among `runs` (newest first): `latest`, a full id or a unique
+// prefix of one. Throws ConfigError, one sentence, for an unknown or ambiguous id.
+const RunRecord& resolve_run(const std::vector<RunRecord>& runs, const std::string& wanted, const std::string& root);
+
+// "1m 05s", "3.2 s", "2h 04m".
+std::string duration_text(double seconds);
+// The `airhost runs` table, one line per run; `now` for the duration of running ones.
+std::string runs_table(const std::vector<RunRecord>& runs, double now);
+// The same runs as a JSON array (`airhost runs --json`).
+std::string runs_json(const std::vector<RunRecord>& runs, double now);
+
+}  // namespace airhost::detail
