@@ -24,6 +24,16 @@ int warm_command(const HostOptions& opts);
 bool is_run_command(const std::string& word);
 int run_command(const std::string& word, const std::vector<std::string>& args);
 
+// `airhost submit [--to local|slurm] [--watch] [--dry-run] LAUNCH...` (submit_command.cpp).
+int submit_command(const std::vector<std::string>& args);
+
+// A submitted launch (submit_command.cpp) is an `airhost LAUNCH...` started detached with two
+// variables: the run id the submitter chose and printed, and a descriptor on which the host
+// writes one byte once its launch has passed its checks (then closes it), so that the
+// submitter can say "refused" or "submitted" truthfully. main.cpp reads and unsets both.
+inline constexpr const char* kSubmitRunIdVar = "AIRHOST_SUBMIT_RUN_ID";
+inline constexpr const char* kSubmitReadyFdVar = "AIRHOST_SUBMIT_READY_FD";
+
 // `--print-env`: where this node's place in the job came from, and each local rank's
 // environment (print_env.cpp).
 int print_env(const LaunchSpec& spec, const ClusterResolution& cluster);

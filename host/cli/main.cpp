@@ -1,4 +1,5 @@
 // airhost — run a Python script or function on every accelerator of this node.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -116,11 +117,42 @@ void save_results(const RunReport& report) {
 
 int run_main(int argc, char** argv);
 
+// A launch started by `airhost submit` (commands.hpp): its run id, and the descriptor on which
+// it says "checked, starting". Taken out of the environment at once, so that neither the ranks
+// nor an airhost they start take them for their own.
+struct Submitted {
+  std::string run_id;
+  int ready_fd = -1;
+
+  static Submitted from_environment() {
+    Submitted s;
+    s.run_id = getenv_or(kSubmitRunIdVar, "");
+    const std::string fd = getenv_or(kSubmitReadyFdVar, "");
+    ::unsetenv(kSubmitRunIdVar);
+    ::unsetenv(kSubmitReadyFdVar);
+    if (!fd.empty()) {
+      s.ready_fd = std::atoi(fd.c_str());
+      if (s.ready_fd > 2 && ::fcntl(s.ready_fd, F_SETFD, FD_CLOEXEC) != 0) s.ready_fd = -1;
+    }
+    return s;
+  }
+  // The launch passed its checks: the submitter prints the run id and returns.
+  void ready() {
+    if (ready_fd < 0) return;
+    (void)!::write(ready_fd, "R", 1);
+    ::close(ready_fd);
+    ready_fd = -1;
+  }
+};
+
+Submitted g_submitted;
+
 }  // namespace
 
 int main(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);  // a closed stdout must not kill the supervisor of a 3-day run
   handle_signals_outside_a_run();
+  g_submitted = Submitted::from_environment();
   const int code = run_main(argc, argv);
   // As PID 1 (a container's entrypoint) this process is every orphan's parent: reap what is
   // left before leaving (the kernel ends the namespace's processes when PID 1 exits).
@@ -140,6 +172,14 @@ int run_main(int argc, char** argv) {
     for (const auto& a : rest)
       if (a == "-h" || a == "--help") return std::fputs(usage_text().c_str(), stdout), 0;
     return run_command(argv[1], rest);
+  }
+  if (argc > 1 && std::string(argv[1]) == "submit") {
+    const std::vector<std::string> rest(argv + 2, argv + argc);
+    for (const auto& a : rest) {
+      if (a == "--") break;
+      if (a == "-h" || a == "--help") return std::fputs(usage_text().c_str(), stdout), 0;
+    }
+    return submit_command(rest);
   }
 
   HostOptions opts;
@@ -188,10 +228,11 @@ int run_main(int argc, char** argv) {
     }
     std::fprintf(stderr, "airhost: preflight passed (%zu GPU(s), interpreter imports torch)\n", spec.devices.size());
   }
+  g_submitted.ready();
 
   // The MLflow run is made beside the ranks' start (tracking.hpp); the ranks learn of it
   // through a file in the run directory, which must therefore be known now.
-  if (spec.run_id.empty()) spec.run_id = make_run_id();
+  if (spec.run_id.empty()) spec.run_id = g_submitted.run_id.empty() ? make_run_id() : g_submitted.run_id;
   if (spec.run_dir.empty()) spec.run_dir = default_runs_root() + "/" + spec.run_id;
   // Flags and files win; AIRHOST_TRACKING=0 turns it off for a whole CI job or test suite.
   const bool track = opts.settings.tracking.value_or(getenv_or("AIRHOST_TRACKING", "1") != "0");
