@@ -462,6 +462,7 @@ std::string usage_text() {
        airhost [flags] -m MODULE[:FUNCTION] [flags] [-- script args]
        airhost doctor [--json]
        airhost warm start [--preload M,M] | stop | status
+       airhost submit [--to local|slurm] [--watch] [--dry-run] [--nodes N] [slurm flags] LAUNCH
        airhost runs [--json] | runs show ID
        airhost logs ID [--node K] [--rank R] [--follow] [--tail N]
        airhost cancel ID
@@ -478,7 +479,15 @@ Targets:
   Everything after the first `--` is passed to the script as sys.argv[1:]; flags may
   come before or after the target.
 
-Runs (docs/jobs.md): every launch keeps a run directory with run.json and its logs.
+Jobs and runs (docs/jobs.md): every launch keeps a run directory with run.json and its logs.
+  submit LAUNCH         start LAUNCH (what airhost takes: a script, its flags, -- its args)
+                        past this terminal: --to local (default without sbatch on PATH) runs
+                        it detached on this node; --to slurm (default with sbatch) writes a
+                        batch script, one airhost per node, and submits it. Prints the run id.
+                        --watch follows it and exits with its code (Ctrl-C stops watching
+                        only); --dry-run prints what it would submit; --nodes N (Slurm);
+                        --partition --account --qos --time --gpus-per-node --cpus-per-task
+                        --mem --constraint --sbatch OPTION over the config's [slurm] table
   runs                  the runs, newest first: id, state, nodes x ranks, start, duration,
                         exit code, entry, scheduler job id (--json: as JSON)
   runs show ID          one run: each rank, the root cause with its traceback, log paths

@@ -47,6 +47,22 @@ void Settings::merge(const Settings& over) {
   take(prefix, over.prefix);
   take(ranks, over.ranks);
   for (const auto& [name, value] : over.env) env[name] = value;
+  slurm.merge(over.slurm);
+}
+
+void SlurmSettings::merge(const SlurmSettings& over) {
+  auto take = [](auto& mine, const auto& theirs) {
+    if (theirs) mine = theirs;
+  };
+  take(partition, over.partition);
+  take(account, over.account);
+  take(qos, over.qos);
+  take(time, over.time);
+  take(gpus_per_node, over.gpus_per_node);
+  take(cpus_per_task, over.cpus_per_task);
+  take(mem, over.mem);
+  take(constraint, over.constraint);
+  extra.insert(extra.end(), over.extra.begin(), over.extra.end());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -230,6 +246,18 @@ constexpr KeyDoc kTopKeys[] = {
     {"warm", "a boolean", "warm = false"},
     {"output", "a table", "a section [output] holding prefix = true"},
     {"env", "a table of strings", "a section [env] holding NAME = \"value\""},
+    {"slurm", "a table", "a section [slurm] holding partition = \"gpu\""},
+};
+constexpr KeyDoc kSlurmKeys[] = {
+    {"partition", "a non-empty string", "partition = \"gpu\""},
+    {"account", "a non-empty string", "account = \"ml-team\""},
+    {"qos", "a non-empty string", "qos = \"high\""},
+    {"time", "a non-empty string in Slurm's --time form", "time = \"24:00:00\""},
+    {"gpus_per_node", "a non-negative integer", "gpus_per_node = 8"},
+    {"cpus_per_task", "a positive integer (the CPUs of the one airhost task per node)", "cpus_per_task = 64"},
+    {"mem", "a non-empty string in Slurm's --mem form", "mem = \"256G\""},
+    {"constraint", "a non-empty string", "constraint = \"h100\""},
+    {"extra", "an array of sbatch options, one #SBATCH line each", "extra = [\"--exclusive\"]"},
 };
 constexpr KeyDoc kOutputKeys[] = {
     {"prefix", "a boolean", "prefix = false"},
@@ -397,6 +425,8 @@ class ConfigReader {
       read_output(s, doc, node);
     } else if (name == "env") {
       read_env(s, doc, node);
+    } else if (name == "slurm") {
+      read_slurm(s, doc, node);
     }
   }
 
@@ -420,6 +450,42 @@ class ConfigReader {
           ranks.insert(static_cast<int>(integer(*array->get(i), item, kRank, 0, INT_MAX)));
         }
         s.ranks = std::move(ranks);
+      }
+    }
+  }
+
+  void read_slurm(Settings& s, const KeyDoc& doc, const toml::node& node) const {
+    const auto* table = node.as_table();
+    if (!table) bad_type(node, "slurm", doc);
+    SlurmSettings& slurm = s.slurm;
+    for (const auto& [key, value] : *table) {
+      const std::string name(key.str());
+      const std::string shown = "slurm." + name;
+      const KeyDoc* sub = find_doc(kSlurmKeys, name);
+      if (!sub) unknown_key(key, shown, name, doc_names(kSlurmKeys));
+      auto text = [&] {
+        const auto* v = value.as_string();
+        if (!v) bad_type(value, shown, *sub);
+        if (v->get().empty()) bad(value, shown, *sub, "an empty string");
+        return v->get();
+      };
+      if (name == "partition") slurm.partition = text();
+      else if (name == "account") slurm.account = text();
+      else if (name == "qos") slurm.qos = text();
+      else if (name == "time") slurm.time = text();
+      else if (name == "mem") slurm.mem = text();
+      else if (name == "constraint") slurm.constraint = text();
+      else if (name == "gpus_per_node") slurm.gpus_per_node = static_cast<int>(integer(value, shown, *sub, 0, 1 << 16));
+      else if (name == "cpus_per_task") slurm.cpus_per_task = static_cast<int>(integer(value, shown, *sub, 1, 1 << 20));
+      else if (name == "extra") {
+        const auto* array = value.as_array();
+        if (!array) bad_type(value, shown, *sub);
+        for (std::size_t i = 0; i < array->size(); ++i) {
+          const auto* line = array->get(i)->as_string();
+          if (!line || line->get().empty() || line->get().find('\n') != std::string::npos)
+            bad(*array->get(i), shown + "[" + std::to_string(i) + "]", *sub, line ? "an empty or multi-line string" : type_phrase(*array->get(i)));
+          slurm.extra.push_back(line->get());
+        }
       }
     }
   }

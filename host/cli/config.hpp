@@ -14,6 +14,22 @@
 
 namespace airhost::detail {
 
+// Where `airhost submit --to slurm` asks Slurm to run a job ([slurm] of the file, submit's
+// flags): each becomes one #SBATCH line of the batch script (cli/slurm_target.hpp).
+struct SlurmSettings {
+  std::optional<std::string> partition;     // --partition
+  std::optional<std::string> account;       // --account
+  std::optional<std::string> qos;           // --qos
+  std::optional<std::string> time;          // --time, in Slurm's own form ("2:00:00", "90")
+  std::optional<int> gpus_per_node;         // --gpus-per-node
+  std::optional<int> cpus_per_task;         // --cpus-per-task (the one task per node holds every rank)
+  std::optional<std::string> mem;           // --mem ("64G")
+  std::optional<std::string> constraint;    // --constraint
+  std::vector<std::string> extra;           // more #SBATCH lines, each as sbatch takes it ("--exclusive")
+
+  void merge(const SlurmSettings& over);    // given fields of `over` win; extra lines add up
+};
+
 // Every setting a file or the command line can give. std::nullopt = not given, so that
 // the layers (defaults < file < flags) merge by "later given wins"; a setting given by no
 // layer takes the built-in default (LaunchSpec's, written out in configs/default.toml).
@@ -38,6 +54,7 @@ struct Settings {
   std::optional<bool> prefix;                    // [output] prefix
   std::optional<std::set<int>> ranks;            // [output] ranks; empty = all ranks
   std::map<std::string, std::string> env;        // [env]
+  SlurmSettings slurm;                           // [slurm]: airhost submit --to slurm only
 
   // Fields given in `over` replace ours; env maps merge with `over` winning.
   void merge(const Settings& over);

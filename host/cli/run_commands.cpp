@@ -204,6 +204,15 @@ int logs_command(const std::vector<std::string>& args) {
   if (!id) throw ConfigError("airhost logs needs a run id, e.g. airhost logs latest (airhost runs lists them)");
   const auto runs = list_runs(default_runs_root());
   RunRecord run = find_run(runs, *id);
+  // A job of several nodes keeps each other node's record in node-K/ of its run directory.
+  if (node && *node != run.node_rank && *node < run.nnodes) {
+    RunRecord other = read_run_record(run.dir + "/node-" + std::to_string(*node));
+    if (other.state == "unknown" || other.state == "starting")
+      throw ConfigError("run " + run.id + " has no record of node " + std::to_string(*node) + " yet (" + run.dir +
+                        "/node-" + std::to_string(*node) + "); try again once the job runs there");
+    settle(other);
+    run = other;
+  }
   if (run.ranks.empty()) throw ConfigError("run " + run.id + " has no rank logs yet (" + run.state + "); try again in a moment");
   if (node && *node != run.node_rank)
     throw ConfigError("run " + run.id + " holds the logs of node " + std::to_string(run.node_rank) + " only (" +
@@ -255,6 +264,52 @@ int logs_command(const std::vector<std::string>& args) {
 
 // ---- cancel ---------------------------------------------------------------------------------
 
+// A run of a job that `airhost submit --to slurm` queued (its batch script is in the run dir).
+bool run_is_ours_under_slurm(const RunRecord& run) { return ::access((run.dir + "/slurm.sbatch").c_str(), F_OK) == 0; }
+
+int cancel_slurm(const RunRecord& run) {
+  try {
+    write_file_atomic(run.dir + "/" + kCancelRequestFile,
+                      "{\"pid\": " + std::to_string(::getpid()) + ", \"time\": " + std::to_string(now_seconds()) + "}\n");
+  } catch (const std::exception& e) {
+    throw ConfigError(std::string(e.what()) + "; cancel needs to write into the run directory");
+  }
+  std::string out;
+  if (run_capture("scancel " + shell_quote(run.scheduler_job_id) + " 2>&1", out) != 0) {
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    throw ConfigError("scancel refused Slurm job " + run.scheduler_job_id + " of run " + run.id + ": " + out);
+  }
+  std::fprintf(stderr, "airhost: run %s: asked Slurm to cancel job %s\n", run.id.c_str(), run.scheduler_job_id.c_str());
+  const double deadline = now_seconds() + 120;
+  while (now_seconds() < deadline) {
+    RunRecord now = read_run_record(run.dir);
+    if (now.state == "pending") {
+      // Never started: no host will write the end, so the record says it here.
+      std::string text;
+      std::string squeue;
+      run_capture("squeue -h -j " + shell_quote(run.scheduler_job_id) + " -o %T 2>/dev/null", squeue);
+      if (squeue.find_first_not_of(" \n") == std::string::npos) {
+        std::ifstream in(run.dir + "/run.json");
+        text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        const auto at = text.find("\"state\": \"pending\"");
+        if (at != std::string::npos) text.replace(at, 18, "\"state\": \"cancelled\"");
+        write_file_atomic(run.dir + "/run.json", text);
+        std::fprintf(stderr, "airhost: run %s cancelled before it started\n", run.id.c_str());
+        return 0;
+      }
+    } else if (is_ended(now.state) || now.state == "lost") {
+      std::fprintf(stderr, "airhost: run %s %s\n", run.id.c_str(),
+                   now.state == "cancelled" ? ("cancelled" + std::string(now.exit_code ? " (exit " + std::to_string(*now.exit_code) + ")" : "")).c_str()
+                                             : ("ended " + ended_text(now)).c_str());
+      return 0;
+    }
+    ::poll(nullptr, 0, 200);
+  }
+  std::fprintf(stderr, "airhost: run %s: Slurm job %s has not ended after 120 s; airhost runs shows when it has\n",
+               run.id.c_str(), run.scheduler_job_id.c_str());
+  return to_int(ExitCode::generic_failure);
+}
+
 int cancel_command(const std::vector<std::string>& args) {
   std::optional<std::string> id;
   for (const auto& a : args) {
@@ -270,9 +325,14 @@ int cancel_command(const std::vector<std::string>& args) {
   if (run.state == "lost") throw ConfigError("run " + run.id + " is not running: " + run.problem + "; nothing to cancel");
   if (run.state == "starting")
     throw ConfigError("run " + run.id + " is starting (no run.json yet); cancel it again in a moment");
+  if (run.state == "unknown" && !run.scheduler_job_id.empty() && run_is_ours_under_slurm(run)) return cancel_slurm(run);
   if (run.state == "unknown")
     throw ConfigError("cannot tell whether run " + run.id + " runs: " + run.problem +
                       (run.hostname.empty() ? "" : "; cancel it on " + run.hostname));
+  // A Slurm job of ours: Slurm signals every node's airhost (scancel), each stopping its ranks by
+  // the same contract, and cancels a job still queued outright.
+  if (!run.scheduler_job_id.empty() && (run.state == "pending" || run_is_ours_under_slurm(run)))
+    return cancel_slurm(run);
   if (!run.host_handles_signals)
     throw ConfigError("run " + run.id + " belongs to a program embedding airhost (the Python API, pid " +
                       std::to_string(run.host_pid) + "), which keeps its own signals; cancel it there (Ctrl-C, or "

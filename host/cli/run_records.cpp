@@ -92,6 +92,8 @@ RunRecord parse_run_record(const std::string& dir, const std::string& json_text)
   r.host_handles_signals = j["host_handles_signals"].boolean();
   r.scheduler_job_id = j["scheduler_job_id"].str();
   r.entry = entry_text(j["entry"], j["entry_is_module"].boolean());
+  // A job still queued has no launch resolved yet: what was typed after `airhost submit`.
+  for (const auto& word : j["launch"].items()) r.entry += (r.entry.empty() ? "" : " ") + word.str();
   for (const auto& a : j["entry"]["args"].items()) r.args.push_back(a.str());
   r.nprocs = static_cast<int>(j["nprocs"].integer());
   r.nnodes = static_cast<int>(j["nnodes"].integer(1));
@@ -136,7 +138,7 @@ RunRecord read_run_record(const std::string& dir) {
 }
 
 bool is_ended(const std::string& state) {
-  return state != "running" && state != "starting" && state != "lost" && state != "unknown";
+  return state != "running" && state != "starting" && state != "pending" && state != "lost" && state != "unknown";
 }
 
 void settle(RunRecord& r, const std::string& this_hostname,

@@ -29,6 +29,7 @@
 #include "cli/command_line.hpp"
 #include "cli/commands.hpp"
 #include "cli/run_records.hpp"
+#include "cli/slurm_target.hpp"
 #include "launch/run_dir.hpp"
 
 namespace airhost::detail {
@@ -40,6 +41,7 @@ struct SubmitOptions {
   bool watch = false;
   bool dry_run = false;
   int nodes = 1;
+  SlurmSettings slurm;                 // --partition, --time, ... (over the file's [slurm])
   std::vector<std::string> launch;     // everything else: what `airhost LAUNCH...` takes
 };
 
@@ -55,6 +57,24 @@ bool on_path(const std::string& program) {
   return false;
 }
 
+struct SlurmFlag {
+  const char* name;
+  const char* example;
+};
+constexpr SlurmFlag kSlurmFlags[] = {
+    {"--partition", "gpu"}, {"--account", "ml-team"}, {"--qos", "high"}, {"--time", "24:00:00"},
+    {"--gpus-per-node", "8"}, {"--cpus-per-task", "64"}, {"--mem", "256G"}, {"--constraint", "h100"},
+    {"--sbatch", "--exclusive"},
+};
+
+const SlurmFlag* slurm_flag_of(const std::string& arg) {
+  for (const auto& f : kSlurmFlags) {
+    const std::string name = f.name;
+    if (arg == name || arg.rfind(name + "=", 0) == 0) return &f;
+  }
+  return nullptr;
+}
+
 // Takes submit's own flags out of the arguments before `--`; the rest is the launch.
 SubmitOptions parse_submit(const std::vector<std::string>& args) {
   SubmitOptions o;
@@ -63,7 +83,7 @@ SubmitOptions parse_submit(const std::vector<std::string>& args) {
     const std::string& a = args[i];
     auto value = [&](const std::string& name, const std::string& example) {
       if (a.size() > name.size() && a[name.size()] == '=') return a.substr(name.size() + 1);
-      if (i + 1 >= args.size() || args[i + 1] == "--")
+      if (i + 1 >= args.size() || (args[i + 1] == "--" && name != "--sbatch"))
         throw ConfigError(name + " needs a value, e.g. " + name + " " + example);
       return args[++i];
     };
@@ -78,6 +98,28 @@ SubmitOptions parse_submit(const std::vector<std::string>& args) {
       o.watch = true;
     } else if (a == "--dry-run") {
       o.dry_run = true;
+    } else if (auto slurm_flag = slurm_flag_of(a)) {
+      const std::string v = value(slurm_flag->name, slurm_flag->example);
+      if (v.empty()) throw ConfigError(std::string(slurm_flag->name) + " must not be empty; e.g. " + slurm_flag->name + " " + slurm_flag->example);
+      SlurmSettings& sl = o.slurm;
+      const std::string name = slurm_flag->name;
+      auto count = [&](int low) {
+        char* end = nullptr;
+        const long n = std::strtol(v.c_str(), &end, 10);
+        if (*end || n < low || n > (1 << 20))
+          throw ConfigError(name + " must be an integer of at least " + std::to_string(low) + ", got '" + v + "'; e.g. " +
+                            name + " " + slurm_flag->example);
+        return static_cast<int>(n);
+      };
+      if (name == "--partition") sl.partition = v;
+      else if (name == "--account") sl.account = v;
+      else if (name == "--qos") sl.qos = v;
+      else if (name == "--time") sl.time = v;
+      else if (name == "--gpus-per-node") sl.gpus_per_node = count(0);
+      else if (name == "--cpus-per-task") sl.cpus_per_task = count(1);
+      else if (name == "--mem") sl.mem = v;
+      else if (name == "--constraint") sl.constraint = v;
+      else sl.extra.push_back(v);
     } else if (a == "--nodes" || a.rfind("--nodes=", 0) == 0) {
       const std::string v = value("--nodes", "2");
       char* end = nullptr;
@@ -220,6 +262,110 @@ int submit_local(const SubmitOptions& o, const HostOptions& launch) {
   return watch(host, run_id, console);
 }
 
+// The job's run.json, once node 0's host has written it; an ended (or lost) one ends the watch.
+// `queued`: whether Slurm still has the job (squeue), for a job that ends before airhost runs.
+bool slurm_job_queued(const std::string& job_id) {
+  std::string out;
+  if (run_capture("squeue -h -j " + shell_quote(job_id) + " -o %T 2>/dev/null", out) != 0) return false;
+  return out.find_first_not_of(" \n") != std::string::npos;
+}
+
+int watch_slurm(const std::string& run_id, const std::string& run_dir, const std::string& job_id) {
+  struct sigaction sa{};
+  sa.sa_handler = on_watch_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  const std::string output = run_dir + "/slurm-" + job_id + ".out";
+  off_t offset = 0;
+  double gone_since = 0;
+  while (true) {
+    pump(output, offset);
+    RunRecord r = read_run_record(run_dir);
+    settle(r);
+    if (is_ended(r.state) || r.state == "lost") {
+      // srun and the batch script may still write a line or two after the host.
+      for (int i = 0; i < 10 && slurm_job_queued(job_id); ++i) ::poll(nullptr, 0, 200);
+      pump(output, offset);
+      if (r.state == "lost") {
+        std::fprintf(stderr, "airhost: run %s: %s\n", run_id.c_str(), r.problem.c_str());
+        return to_int(ExitCode::generic_failure);
+      }
+      return r.exit_code.value_or(to_int(ExitCode::generic_failure));
+    }
+    if (!slurm_job_queued(job_id)) {
+      if (gone_since == 0) gone_since = now_seconds();
+      if (now_seconds() - gone_since > 5) {  // Slurm is done with it and no host recorded the end
+        pump(output, offset);
+        std::fprintf(stderr, "airhost: Slurm job %s of run %s ended without airhost recording how (%s)\n",
+                     job_id.c_str(), run_id.c_str(), output.c_str());
+        return to_int(ExitCode::generic_failure);
+      }
+    }
+    if (g_stop_watching) {
+      std::fprintf(stderr,
+                   "\nairhost: stopped watching; run %s (Slurm job %s) goes on (airhost logs %s --follow to watch it "
+                   "again, airhost cancel %s to stop it)\n",
+                   run_id.c_str(), job_id.c_str(), run_id.c_str(), run_id.c_str());
+      return exit_code_for_signal(g_stop_watching);
+    }
+    ::poll(nullptr, 0, 250);
+  }
+}
+
+int submit_slurm(const SubmitOptions& o, const HostOptions& launch) {
+  if (!on_path("sbatch") && !o.dry_run)
+    throw ConfigError("--to slurm needs sbatch on PATH, and there is none; install Slurm's client tools, or submit "
+                      "with --to local (--dry-run prints the batch script without it)");
+  if (launch.settings.run_dir)
+    throw ConfigError("--run-dir names one node's directory; a Slurm job keeps its run in the runs root "
+                      "(AIRHOST_RUNS_DIR, on a file system every node sees): drop --run-dir");
+  // Relative paths are the launch's, as typed here: the script runs where it was submitted.
+  if (!launch.module_target && (launch.entry.kind == Entry::Kind::script || launch.entry.kind == Entry::Kind::function)) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(launch.entry.target, ec))
+      throw ConfigError("script '" + launch.entry.target + "' not found (working directory " + current_directory() +
+                        "); check the path");
+  }
+  BatchJob job;
+  job.run_id = make_run_id();
+  job.runs_root = default_runs_root();
+  job.run_dir = job.runs_root + "/" + job.run_id;
+  job.working_dir = current_directory();
+  job.airhost = executable_path();
+  job.launch = o.launch;
+  job.nodes = o.nodes;
+  job.slurm = launch.settings.slurm;
+  job.slurm.merge(o.slurm);
+  const std::string script = render_batch_script(job);
+  if (o.dry_run) {
+    std::fputs(script.c_str(), stdout);
+    return 0;
+  }
+  try {
+    create_run_dir(job.run_dir);
+  } catch (const std::system_error& e) {
+    throw ConfigError(std::string(e.what()) + "; choose another runs root with AIRHOST_RUNS_DIR");
+  }
+  const std::string script_path = job.run_dir + "/slurm.sbatch";
+  write_file_atomic(script_path, script);
+  std::string job_id;
+  try {
+    job_id = sbatch_submit(script_path);
+  } catch (const ConfigError&) {
+    std::error_code ec;
+    std::filesystem::remove_all(job.run_dir, ec);  // nothing was submitted; keep no trace
+    throw;
+  }
+  write_file_atomic(job.run_dir + "/run.json", pending_run_json(job, job_id, now_seconds()));
+  std::printf("%s\n", job.run_id.c_str());
+  std::fflush(stdout);
+  std::fprintf(stderr, "airhost: submitted run %s as Slurm job %s (%d node(s)); airhost logs %s --follow, airhost "
+               "cancel %s\n", job.run_id.c_str(), job_id.c_str(), job.nodes, job.run_id.c_str(), job.run_id.c_str());
+  if (!o.watch) return 0;
+  std::fprintf(stderr, "airhost: watching run %s; Ctrl-C stops watching, not the job\n", job.run_id.c_str());
+  return watch_slurm(job.run_id, job.run_dir, job_id);
+}
+
 }  // namespace
 
 int submit_command(const std::vector<std::string>& args) {
@@ -232,10 +378,7 @@ int submit_command(const std::vector<std::string>& args) {
     if (launch.command != Command::run || launch.print_env)
       throw ConfigError("airhost submit takes what a launch takes: a script, script.py:function or -m module, its "
                         "flags and -- its arguments; e.g. airhost submit train.py -n 4 -- --lr 0.1");
-    if (o.to == "slurm")
-      throw ConfigError(on_path("sbatch") ? "--to slurm is not built yet; submit with --to local, or run airhost under srun"
-                                          : "--to slurm needs sbatch on PATH, and there is none; install Slurm's client "
-                                            "tools, or submit with --to local");
+    if (o.to == "slurm") return submit_slurm(o, launch);
     return submit_local(o, launch);
   } catch (const ConfigError& e) {
     std::fprintf(stderr, "airhost: %s\n", e.what());

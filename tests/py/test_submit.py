@@ -103,3 +103,27 @@ def test_bad_input_is_refused_before_anything_is_submitted(runs):
     no_slurm = runs("submit", "--to", "slurm", script("hello.py"), env={"PATH": "/nonexistent"})
     assert no_slurm.returncode == 2 and "needs sbatch on PATH" in one_line(no_slurm.stderr)
     assert not runs.root.exists() or not any(runs.root.iterdir())
+
+
+def test_the_target_is_slurm_where_sbatch_is_on_path_and_local_elsewhere(runs, tmp_path):
+    local = runs("submit", "--dry-run", script("hello.py"), "-n", "2", env={"PATH": "/nonexistent"})
+    assert local.returncode == 0, local.stderr
+    assert "in a session of its own" in local.stdout and "'-n' '2'" in local.stdout
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text("#!/bin/sh\necho should not run >&2\nexit 1\n")
+    (fake / "sbatch").chmod(0o755)
+    (runs.cwd / "airhost.toml").write_text('[slurm]\npartition = "gpu"\n')
+    slurm = runs("submit", "--dry-run", "--nodes", "2", "--time", "30", "--sbatch", "--exclusive", script("hello.py"),
+                 "--", "a b", env={"PATH": str(fake)})
+    assert slurm.returncode == 0, slurm.stderr
+    lines = slurm.stdout.splitlines()
+    assert lines[0] == "#!/bin/bash"
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --partition=gpu", "#SBATCH --time=30",
+                 "#SBATCH --exclusive"):
+        assert line in lines, slurm.stdout
+    assert lines[-1].endswith(f"'{script('hello.py')}' '--' 'a b'")
+    assert not runs.root.exists() or not any(runs.root.iterdir())  # a dry run submits nothing
+    (runs.cwd / "airhost.toml").write_text('[slurm]\npartitoin = "gpu"\n')
+    typo = runs("submit", "--dry-run", script("hello.py"), env={"PATH": str(fake)})
+    assert typo.returncode == 2 and "airhost.toml:2:1: unknown key 'slurm.partitoin'" in typo.stderr

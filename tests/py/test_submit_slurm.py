@@ -1,0 +1,83 @@
+"""`airhost submit --to slurm` with the real Slurm that test_slurm.py starts (two slurmd nodes in
+network namespaces of their own where this machine allows it, else one): the batch script,
+a job watched to its end, listed, its logs read per node and rank, a job cancelled with
+nothing of it left, and sbatch's own refusal passed on."""
+import json
+import subprocess
+import time
+
+import pytest
+
+from conftest import script, wait_for, wait_until_gone
+from test_slurm import DAEMONS, MISSING, slurm, which  # noqa: F401  (the module's cluster fixture)
+
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(bool(MISSING), reason=f"Slurm is not installed ({', '.join(MISSING)} missing)"),
+]
+
+
+class Submitter:
+    def __init__(self, cluster, airhost):
+        self.binary = airhost.binary
+        self.cwd = airhost.work
+        self.root = airhost.tmp_path / "runs"
+        self.env = {**airhost.env(self.root), "SLURM_CONF": cluster.env["SLURM_CONF"], "PATH": cluster.env["PATH"]}
+        for name in ("SLURM_JOB_ID", "SLURM_STEP_ID", "MASTER_ADDR", "MASTER_PORT", "PET_NNODES"):
+            self.env.pop(name, None)
+
+    def __call__(self, *args, timeout=150) -> subprocess.CompletedProcess:
+        return subprocess.run([self.binary, *map(str, args)], cwd=self.cwd, env=self.env, capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def listed(self) -> list[dict]:
+        return json.loads(self("runs", "--json").stdout)
+
+
+@pytest.fixture
+def submit(slurm, airhost):  # noqa: F811
+    return Submitter(slurm, airhost)
+
+
+def test_a_job_on_every_node_is_watched_to_its_end_listed_and_read_per_node_and_rank(slurm, submit):  # noqa: F811
+    nodes = min(2, len(slurm.nodes))
+    done = submit("submit", "--to", "slurm", "--nodes", nodes, "--watch", script("allreduce.py"), "-n", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = done.stdout.splitlines()[0]
+    world = 2 * nodes
+    total = sum(range(1, world + 1))
+    for rank in range(world):
+        assert f"[rank {rank}] rank {rank} MASTER_PORT=" in done.stdout and f"sum={total:g}" in done.stdout, done.stdout
+    assert "Ctrl-C stops watching, not the job" in done.stderr
+    [listed] = submit.listed()
+    assert (listed["run_id"], listed["state"], listed["exit_code"]) == (run_id, "succeeded", 0)
+    assert listed["scheduler_job_id"] and listed["scheduler_job_id"] in done.stderr
+    assert (listed["nnodes"], listed["nprocs"]) == (nodes, 2)
+    last = world - 1
+    logs = submit("logs", "latest", "--node", nodes - 1, "--rank", last)
+    assert logs.returncode == 0, logs.stderr
+    assert logs.stdout.startswith(f"rank {last} MASTER_PORT="), logs.stdout
+    assert (submit.root / run_id / "slurm.sbatch").is_file()
+
+
+def test_a_running_job_is_cancelled_with_nothing_of_it_left(slurm, submit):  # noqa: F811
+    nodes = min(2, len(slurm.nodes))
+    done = submit("submit", "--to", "slurm", "--nodes", nodes, script("sleeper.py"), "-n", "2")
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.strip()
+    wait_for(lambda: "rank 1 ready" in submit("logs", run_id, "--rank", "1").stdout, 90, "rank 1 to start")
+    cancel = submit("cancel", run_id)
+    assert cancel.returncode == 0, cancel.stderr
+    record = json.loads((submit.root / run_id / "run.json").read_text())
+    assert record["state"] == "cancelled", record
+    assert not wait_until_gone(run_id=run_id, timeout=30)
+    again = submit("cancel", run_id)
+    assert again.returncode == 2 and "has already ended: cancelled" in again.stderr
+
+
+def test_sbatch_refusing_the_job_is_one_line_and_nothing_is_submitted(slurm, submit):  # noqa: F811
+    done = submit("submit", "--to", "slurm", "--partition", "no_such_partition", script("hello.py"))
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("airhost: sbatch refused the job: ") and "nvalid partition" in line, line
+    assert not submit.root.exists() or not any(submit.root.iterdir())
