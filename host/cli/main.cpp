@@ -235,9 +235,13 @@ int run_main(int argc, char** argv) {
   if (spec.run_id.empty()) spec.run_id = g_submitted.run_id.empty() ? make_run_id() : g_submitted.run_id;
   if (spec.run_dir.empty()) spec.run_dir = default_runs_root() + "/" + spec.run_id;
   // A job submitted to several Slurm nodes is one run: node 0's directory is the run's, and
-  // each other node keeps its own record and logs inside it (airhost logs ID --node K).
-  if (!g_submitted.run_id.empty() && spec.node_rank > 0 && !opts.settings.run_dir)
+  // each other node keeps its own record and logs inside it (airhost logs ID --node K). Node K
+  // runs as ID-nodeK: the run id in the ranks' environment is what a host's sweep for escaped
+  // processes looks for, and two nodes of a job may share a machine.
+  if (!g_submitted.run_id.empty() && spec.node_rank > 0 && !opts.settings.run_dir) {
     spec.run_dir = default_runs_root() + "/" + spec.run_id + "/node-" + std::to_string(spec.node_rank);
+    spec.run_id += "-node" + std::to_string(spec.node_rank);
+  }
   // Flags and files win; AIRHOST_TRACKING=0 turns it off for a whole CI job or test suite.
   const bool track = opts.settings.tracking.value_or(getenv_or("AIRHOST_TRACKING", "1") != "0");
   TrackingRun tracking;

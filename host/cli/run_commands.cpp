@@ -281,23 +281,31 @@ int cancel_slurm(const RunRecord& run) {
   }
   std::fprintf(stderr, "airhost: run %s: asked Slurm to cancel job %s\n", run.id.c_str(), run.scheduler_job_id.c_str());
   const double deadline = now_seconds() + 120;
+  double gone_since = 0;
   while (now_seconds() < deadline) {
     RunRecord now = read_run_record(run.dir);
-    if (now.state == "pending") {
-      // Never started: no host will write the end, so the record says it here.
-      std::string text;
-      std::string squeue;
-      run_capture("squeue -h -j " + shell_quote(run.scheduler_job_id) + " -o %T 2>/dev/null", squeue);
-      if (squeue.find_first_not_of(" \n") == std::string::npos) {
-        std::ifstream in(run.dir + "/run.json");
-        text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-        const auto at = text.find("\"state\": \"pending\"");
-        if (at != std::string::npos) text.replace(at, 18, "\"state\": \"cancelled\"");
+    std::string squeue;
+    run_capture("squeue -h -j " + shell_quote(run.scheduler_job_id) + " -o %T 2>/dev/null", squeue);
+    const bool queued = squeue.find_first_not_of(" \n") != std::string::npos;
+    if (!queued && gone_since == 0) gone_since = now_seconds();
+    // Slurm is done with the job, but no host recorded the end: it never started (pending), or
+    // Slurm's SIGKILL came before its host could write it. The record says it here.
+    if (!queued && (now.state == "pending" || (!is_ended(now.state) && now_seconds() - gone_since > 5))) {
+      std::ifstream in(run.dir + "/run.json");
+      std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      for (const char* was : {"\"state\": \"pending\"", "\"state\": \"running\""})
+        if (const auto at = text.find(was); at != std::string::npos)
+          text.replace(at, std::strlen(was), "\"state\": \"cancelled\"");
+      try {
         write_file_atomic(run.dir + "/run.json", text);
-        std::fprintf(stderr, "airhost: run %s cancelled before it started\n", run.id.c_str());
-        return 0;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "airhost: run %s: %s\n", run.id.c_str(), e.what());
       }
-    } else if (is_ended(now.state) || now.state == "lost") {
+      std::fprintf(stderr, "airhost: run %s cancelled %s\n", run.id.c_str(),
+                   now.state == "pending" ? "before it started" : "(Slurm stopped its hosts before they recorded it)");
+      return 0;
+    }
+    if (is_ended(now.state) || now.state == "lost") {
       std::fprintf(stderr, "airhost: run %s %s\n", run.id.c_str(),
                    now.state == "cancelled" ? ("cancelled" + std::string(now.exit_code ? " (exit " + std::to_string(*now.exit_code) + ")" : "")).c_str()
                                              : ("ended " + ended_text(now)).c_str());

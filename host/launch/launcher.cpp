@@ -364,17 +364,13 @@ RunReport Launcher::run() {
         return impl_->pending_cancel != 0;
       });
     } catch (const detail::JoinAuthError& e) {
-      // No libcrypto, no random bytes: nothing was started, and run.json says so.
-      RunReport report;
-      report.run_id = spec.run_id;
-      report.run_dir = spec.run_dir;
-      report.exit_code = to_int(ExitCode::usage);
-      report.message = "run " + spec.run_id + ": " + e.what() + "; no rank was started";
-      try {
-        detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json(report, spec, started));
-      } catch (const std::system_error&) {
-      }
+      // No libcrypto, no random bytes: nothing was started, and no record says otherwise.
+      ::unlink((spec.run_dir + "/run.json").c_str());
       throw LaunchError(e.what());
+    } catch (const LaunchError&) {
+      // The nodes disagree, node 0 cannot listen: a refusal (exit 2), nothing was started.
+      ::unlink((spec.run_dir + "/run.json").c_str());
+      throw;
     } catch (const detail::NodeJoinError& e) {
       RunReport report;
       report.outcome = Outcome::node_lost;

@@ -198,10 +198,21 @@ void entry_fields(std::ostringstream& o, const LaunchSpec& spec) {
 
 bool file_exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
+// `airhost cancel` leaves its request in the run's directory; a node K > 0 of a submitted
+// Slurm job keeps its record in node-K/ of that directory.
+bool cancel_requested(const std::string& run_dir, int node_rank) {
+  if (file_exists(run_dir + "/" + kCancelRequestFile)) return true;
+  return node_rank > 0 && run_dir.ends_with("/node-" + std::to_string(node_rank)) &&
+         file_exists(dirname_of(run_dir) + "/" + kCancelRequestFile);
+}
+
 }  // namespace
 
 std::string final_state(Outcome outcome, bool cancel_requested) {
-  if (outcome == Outcome::interrupted && cancel_requested) return "cancelled";
+  // Whatever ended a run that was asked to stop is the cancel: under Slurm, scancel signals
+  // every process of the step at once, so a rank may die of it before the host hears of it,
+  // and the run ends "failed" by a rank's SIGTERM rather than "interrupted".
+  if (cancel_requested && outcome != Outcome::succeeded) return "cancelled";
   return to_string(outcome);
 }
 
@@ -231,7 +242,7 @@ std::string run_json(const RunReport& report, const LaunchSpec& spec, double sta
   std::ostringstream o;
   const std::string run_dir = report.run_dir.empty() ? spec.run_dir : report.run_dir;
   o << "{\n  \"run_id\": " << q(report.run_id) << ",\n  \"run_dir\": " << q(report.run_dir)
-    << ",\n  \"state\": " << q(final_state(report.outcome, file_exists(run_dir + "/" + kCancelRequestFile)))
+    << ",\n  \"state\": " << q(final_state(report.outcome, cancel_requested(run_dir, spec.node_rank)))
     << ",\n  \"outcome\": " << q(to_string(report.outcome)) << ",\n  \"exit_code\": " << report.exit_code
     << ",\n  \"root_cause\": " << report.root_cause << ",\n  \"message\": " << q(report.message)
     << ",\n  \"wall_seconds\": " << number(report.wall_seconds) << ",\n  \"restarts\": " << report.restarts

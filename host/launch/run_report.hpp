@@ -44,8 +44,8 @@ std::string run_json(const RunReport& report, const LaunchSpec& spec, double sta
 inline constexpr const char* kCancelRequestFile = "cancel.request";
 
 // The state run.json gives an ended run: succeeded, failed, timed_out, node_lost,
-// not_started, interrupted (a signal, Ctrl-C, cancel() of the API), or cancelled
-// (interrupted after `airhost cancel` asked for it).
+// not_started, interrupted (a signal, Ctrl-C, cancel() of the API), or cancelled (ended
+// without succeeding after `airhost cancel` asked for it).
 std::string final_state(Outcome outcome, bool cancel_requested);
 
 // One line per failed rank (rank, pid, exit code or signal, first line of its exception,

@@ -105,10 +105,12 @@ TEST_CASE("run.json as the launcher writes it, at the start and at the end, read
   CHECK(end.ranks[0].traceback == "Traceback (most recent call last):\nValueError: boom\n");
 }
 
-TEST_CASE("an interrupted run is cancelled only when airhost cancel asked for it") {
+TEST_CASE("a run is cancelled when airhost cancel asked for it and it did not succeed") {
   CHECK(final_state(airhost::Outcome::interrupted, true) == "cancelled");
   CHECK(final_state(airhost::Outcome::interrupted, false) == "interrupted");
-  CHECK(final_state(airhost::Outcome::failed, true) == "failed");
+  CHECK(final_state(airhost::Outcome::failed, true) == "cancelled");  // scancel reached a rank first
+  CHECK(final_state(airhost::Outcome::failed, false) == "failed");
+  CHECK(final_state(airhost::Outcome::succeeded, true) == "succeeded");  // it was done before the cancel
   CHECK(final_state(airhost::Outcome::timed_out, false) == "timed_out");
 }
 

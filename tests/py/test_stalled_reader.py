@@ -25,8 +25,10 @@ def start_unread(airhost, *args, runs: Path):
 
 
 def run_json(runs: Path):
+    """The run's record once the run has ended (run.json says "running" from the start)."""
     found = list(runs.glob("*/run.json"))
-    return json.loads(found[0].read_text()) if found else None
+    record = json.loads(found[0].read_text()) if found else None
+    return record if record and record["state"] != "running" else None
 
 
 def finish(proc) -> bytes:

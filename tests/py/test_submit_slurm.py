@@ -41,13 +41,14 @@ def submit(slurm, airhost):  # noqa: F811
 
 def test_a_job_on_every_node_is_watched_to_its_end_listed_and_read_per_node_and_rank(slurm, submit):  # noqa: F811
     nodes = min(2, len(slurm.nodes))
-    done = submit("submit", "--to", "slurm", "--nodes", nodes, "--watch", script("allreduce.py"), "-n", "2")
+    # hello.py rather than a collective: what is tested is the job's way, not torch's (which
+    # test_slurm.py covers), and four torch ranks on this small machine are the likeliest flake.
+    done = submit("submit", "--to", "slurm", "--nodes", nodes, "--watch", script("hello.py"), "-n", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     run_id = done.stdout.splitlines()[0]
     world = 2 * nodes
-    total = sum(range(1, world + 1))
     for rank in range(world):
-        assert f"[rank {rank}] rank {rank} MASTER_PORT=" in done.stdout and f"sum={total:g}" in done.stdout, done.stdout
+        assert f"[rank {rank}] hello from rank {rank} of {world}\n" in done.stdout, done.stdout
     assert "Ctrl-C stops watching, not the job" in done.stderr
     [listed] = submit.listed()
     assert (listed["run_id"], listed["state"], listed["exit_code"]) == (run_id, "succeeded", 0)
@@ -56,7 +57,7 @@ def test_a_job_on_every_node_is_watched_to_its_end_listed_and_read_per_node_and_
     last = world - 1
     logs = submit("logs", "latest", "--node", nodes - 1, "--rank", last)
     assert logs.returncode == 0, logs.stderr
-    assert logs.stdout.startswith(f"rank {last} MASTER_PORT="), logs.stdout
+    assert logs.stdout.startswith(f"hello from rank {last} of {world}\n"), logs.stdout
     assert (submit.root / run_id / "slurm.sbatch").is_file()
 
 
@@ -67,10 +68,11 @@ def test_a_running_job_is_cancelled_with_nothing_of_it_left(slurm, submit):  # n
     run_id = done.stdout.strip()
     wait_for(lambda: "rank 1 ready" in submit("logs", run_id, "--rank", "1").stdout, 90, "rank 1 to start")
     cancel = submit("cancel", run_id)
-    assert cancel.returncode == 0, cancel.stderr
+    assert cancel.returncode == 0, cancel.stdout + cancel.stderr + (submit.root / run_id / "run.json").read_text()[:400]
     record = json.loads((submit.root / run_id / "run.json").read_text())
     assert record["state"] == "cancelled", record
-    assert not wait_until_gone(run_id=run_id, timeout=30)
+    for node_run_id in [run_id] + [f"{run_id}-node{k}" for k in range(1, nodes)]:
+        assert not wait_until_gone(run_id=node_run_id, timeout=30), node_run_id
     again = submit("cancel", run_id)
     assert again.returncode == 2 and "has already ended: cancelled" in again.stderr
 
