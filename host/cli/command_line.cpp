@@ -16,7 +16,7 @@ enum class FlagId {
   accelerators, timeout, grace, python, run_dir, master_addr, master_port, max_restarts,
   nnodes, node_rank, node_timeout, join_timeout, join_token_file,
   prefix, no_prefix, ranks, env, config, preflight, tracking, no_tracking, json, module, help, version,
-  preload, cold, print_env,
+  preload, cold, print_env, pickled, experiment,
 };
 
 struct FlagSpec {
@@ -49,11 +49,13 @@ const std::vector<FlagSpec>& flag_specs() {
       {FlagId::preflight, {"--preflight"}, false, ""},
       {FlagId::tracking, {"--tracking"}, false, ""},
       {FlagId::no_tracking, {"--no-tracking"}, false, ""},
+      {FlagId::experiment, {"--experiment"}, true, "llama-sft"},
       {FlagId::json, {"--json"}, false, ""},
       {FlagId::preload, {"--preload"}, true, "torch,numpy"},
       {FlagId::cold, {"--cold"}, false, ""},
       {FlagId::print_env, {"--print-env"}, false, ""},
       {FlagId::module, {"-m"}, true, "pkg.train"},
+      {FlagId::pickled, {"--pickled"}, true, "payload.pkl"},
       {FlagId::help, {"-h", "--help"}, false, ""},
       {FlagId::version, {"-V", "--version"}, false, ""},
   };
@@ -309,6 +311,10 @@ class Parser {
       case FlagId::preflight: s.preflight = true; break;
       case FlagId::tracking: s.tracking = true; break;
       case FlagId::no_tracking: s.tracking = false; break;
+      case FlagId::experiment:
+        if (value.empty()) throw ConfigError(name + " must name an MLflow experiment; e.g. " + name + " " + spec.example);
+        s.experiment = value;
+        break;
       case FlagId::json: options_.json = true; break;
       case FlagId::preload:
         if (value.empty()) throw ConfigError("--preload needs module names, e.g. --preload torch,numpy (or none)");
@@ -322,6 +328,21 @@ class Parser {
         if (target_seen_) two_targets(shown);
         options_.entry = module_entry(value);
         options_.module_target = true;
+        target_seen_ = true;
+        target_shown_ = shown;
+        break;
+      }
+      case FlagId::pickled: {
+        // A cloudpickled (fn, args, kwargs) as the Python API writes it: how a job of a
+        // @distributed function (train.job(...).submit()) runs through `airhost submit`.
+        if (doctor_) throw ConfigError("airhost doctor takes no target, got " + single_quoted("--pickled " + value) + "; run airhost doctor alone");
+        const std::string shown = "--pickled " + value;
+        if (target_seen_) two_targets(shown);
+        if (value.empty()) throw ConfigError("--pickled must name a payload file written by the Python API");
+        options_.entry = Entry{};
+        options_.entry.kind = Entry::Kind::pickled;
+        options_.entry.target = value;
+        options_.module_target = false;
         target_seen_ = true;
         target_shown_ = shown;
         break;
@@ -536,6 +557,8 @@ Flags:
   --no-tracking         do not create an MLflow run for this launch (by default one is
                         created when the ranks' interpreter can import mlflow)
   --tracking            create it (the default; overrides tracking = false in a file)
+  --experiment NAME     the MLflow experiment of that run (default: MLFLOW_EXPERIMENT_NAME,
+                        else "airhost")
   --preflight           check the node (GPUs, interpreter) before starting any rank
                         (default: off)
   --preload M,M         modules the warm server imports before forking ranks; with a

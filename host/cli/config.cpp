@@ -42,6 +42,7 @@ void Settings::merge(const Settings& over) {
   take(join_token_file, over.join_token_file);
   take(preflight, over.preflight);
   take(tracking, over.tracking);
+  take(experiment, over.experiment);
   take(preload, over.preload);
   take(warm, over.warm);
   take(prefix, over.prefix);
@@ -242,6 +243,7 @@ constexpr KeyDoc kTopKeys[] = {
      "join_token_file = \"/run/secrets/airhost-join-token\""},
     {"preflight", "a boolean", "preflight = true"},
     {"tracking", "a boolean", "tracking = false"},
+    {"experiment", "a string (an MLflow experiment name)", "experiment = \"llama-sft\""},
     {"preload", "an array of module names", "preload = [\"torch\", \"numpy\"]"},
     {"warm", "a boolean", "warm = false"},
     {"output", "a table", "a section [output] holding prefix = true"},
@@ -409,6 +411,10 @@ class ConfigReader {
       s.preflight = boolean(node, name, doc);
     } else if (name == "tracking") {
       s.tracking = boolean(node, name, doc);
+    } else if (name == "experiment") {
+      const auto* text = node.as_string();
+      if (!text || text->get().empty()) bad_type(node, name, doc);
+      s.experiment = text->get();
     } else if (name == "warm") {
       s.warm = boolean(node, name, doc);
     } else if (name == "preload") {

@@ -49,6 +49,7 @@ struct Settings {
   std::optional<std::string> join_token_file;        // the job's join token, first line of this file
   std::optional<bool> preflight;
   std::optional<bool> tracking;                  // an MLflow run per launch, when mlflow is importable
+  std::optional<std::string> experiment;         // its MLflow experiment (over MLFLOW_EXPERIMENT_NAME)
   std::optional<std::string> preload;            // warm server modules, "torch,numpy"; "auto" = torch if installed
   std::optional<bool> warm;                      // use a running warm server (default true)
   std::optional<bool> prefix;                    // [output] prefix

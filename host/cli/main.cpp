@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -102,9 +103,12 @@ LaunchSpec make_spec(const HostOptions& opts, ClusterResolution& cluster) {
 
 // Function entries return values; the CLI keeps them as files next to run.json, each a
 // plain pickle (or JSON text) that pickle.load reads, whichever way it came from the rank.
+// A rank's exception, when it could be pickled, goes beside them as rank-N.exception.pkl: a
+// job's caller (the Python API's Job.result()) raises from it, as .distributed() does.
 void save_results(const RunReport& report) {
   bool any = false;
-  for (const auto& r : report.ranks) any |= r.result.has_value() || r.result_blob != nullptr;
+  for (const auto& r : report.ranks)
+    any |= r.result.has_value() || r.result_blob != nullptr || (r.error && !r.error->pickled.empty());
   if (!any) return;
   std::string dir = report.run_dir + "/results";
   make_dirs(dir);
@@ -112,6 +116,8 @@ void save_results(const RunReport& report) {
     const std::string path = dir + "/rank-" + std::to_string(r.rank) + ".pkl";
     if (r.result) write_file_atomic(path, *r.result);
     else if (r.result_blob) write_file_atomic(path, [&](int fd) { r.result_blob->write_to(fd); });
+    if (r.error && !r.error->pickled.empty())
+      write_file_atomic(dir + "/rank-" + std::to_string(r.rank) + ".exception.pkl", r.error->pickled);
   }
 }
 
@@ -238,15 +244,26 @@ int run_main(int argc, char** argv) {
   // each other node keeps its own record and logs inside it (airhost logs ID --node K). Node K
   // runs as ID-nodeK: the run id in the ranks' environment is what a host's sweep for escaped
   // processes looks for, and two nodes of a job may share a machine.
-  if (!g_submitted.run_id.empty() && spec.node_rank > 0 && !opts.settings.run_dir) {
+  const int job_node = g_submitted.run_id.empty() || opts.settings.run_dir ? 0 : spec.node_rank;
+  if (job_node > 0) {
     spec.run_dir = default_runs_root() + "/" + spec.run_id + "/node-" + std::to_string(spec.node_rank);
     spec.run_id += "-node" + std::to_string(spec.node_rank);
   }
   // Flags and files win; AIRHOST_TRACKING=0 turns it off for a whole CI job or test suite.
   const bool track = opts.settings.tracking.value_or(getenv_or("AIRHOST_TRACKING", "1") != "0");
   TrackingRun tracking;
-  if (track) {
-    tracking = TrackingRun::start(spec.python, spec.entry.target, spec.nprocs, spec.run_dir + "/tracking.env");
+  if (track && job_node > 0) {
+    // One MLflow run per job: node 0's host makes it, in the run's directory that every node
+    // of a submitted job sees; the ranks here bind it as node 0's do (tracking.hpp).
+    spec.env.try_emplace("AIRHOST_MLFLOW_PENDING", default_runs_root() + "/" + g_submitted.run_id + "/tracking.env");
+  } else if (track) {
+    // The experiment of the run: --experiment or the config's, over MLFLOW_EXPERIMENT_NAME.
+    if (opts.settings.experiment) ::setenv("MLFLOW_EXPERIMENT_NAME", opts.settings.experiment->c_str(), 1);
+    // A pickled function is named by its payload file (train.pkl: the Python API's job of train).
+    const std::string name = spec.entry.kind == Entry::Kind::pickled
+                                 ? std::filesystem::path(spec.entry.target).stem().string()
+                                 : spec.entry.target;
+    tracking = TrackingRun::start(spec.python, name, spec.nprocs, spec.run_dir + "/tracking.env");
     for (const auto& [k, v] : tracking.rank_env()) spec.env.try_emplace(k, v);
   }
 

@@ -62,23 +62,7 @@ std::string ended_text(const RunRecord& r) {
 
 // ---- runs, runs show -----------------------------------------------------------------------
 
-int show_run(const RunRecord& r) {
-  std::printf("run %s: %s\n", r.id.c_str(), ended_text(r).c_str());
-  if (!r.message.empty()) std::printf("  %s\n", r.message.c_str());
-  if (!r.problem.empty()) std::printf("  %s\n", r.problem.c_str());
-  std::string entry = r.entry;
-  for (const auto& a : r.args) entry += " " + shell_quote(a);
-  std::printf("entry:     %s\n", entry.c_str());
-  std::printf("nodes:     %d × %d rank(s) (this directory: node %d)\n", r.nnodes, r.nprocs, r.node_rank);
-  if (r.host_pid) std::printf("host:      pid %d on %s\n", r.host_pid, r.hostname.empty() ? "?" : r.hostname.c_str());
-  if (!r.scheduler_job_id.empty()) std::printf("slurm job: %s\n", r.scheduler_job_id.c_str());
-  if (r.restarts) std::printf("restarts:  %d\n", r.restarts);
-  std::printf("run dir:   %s\n", r.dir.c_str());
-  // The MLflow run, when the launch made one (tracking.hpp writes its variables there).
-  std::ifstream tracking(r.dir + "/tracking.env");
-  for (std::string line; std::getline(tracking, line);)
-    if (line.rfind("MLFLOW_RUN_ID=", 0) == 0) std::printf("mlflow:    run %s\n", line.substr(14).c_str());
-  if (!r.ranks.empty()) std::printf("ranks:\n");
+void show_ranks(const RunRecord& r) {
   for (const auto& k : r.ranks) {
     std::string how = k.state;
     if (k.signal) how += ", " + (k.signal_name.empty() ? "signal " + std::to_string(k.signal) : k.signal_name);
@@ -87,19 +71,81 @@ int show_run(const RunRecord& r) {
                 k.has_error ? (": " + k.error_type).c_str() : "");
     std::printf("    logs: %s\n          %s\n", k.stdout_log.c_str(), k.stderr_log.c_str());
   }
-  std::printf("host log:  %s/logs/host.log\n", r.dir.c_str());
-  for (const auto& k : r.ranks) {
-    if (k.rank != r.root_cause) continue;
-    std::printf("root cause: rank %d\n", k.rank);
-    if (k.has_error && !k.traceback.empty()) {
-      std::fputs(k.traceback.c_str(), stdout);
-      if (k.traceback.back() != '\n') std::fputc('\n', stdout);
-    } else if (k.has_error) {
-      std::printf("%s: %s\n", k.error_type.c_str(), k.error_message.c_str());
-    } else {
-      std::printf("  (no Python exception was reported; see the end of %s)\n", k.stderr_log.c_str());
+}
+
+// The rank whose failure ended the run, with its traceback, from whichever node's record has it.
+void show_root_cause(const std::vector<RunRecord>& nodes) {
+  for (const auto& r : nodes)
+    for (const auto& k : r.ranks) {
+      if (k.rank != r.root_cause || k.state != "failed") continue;
+      std::printf("root cause: rank %d (node %d)\n", k.rank, r.node_rank);
+      if (k.has_error && !k.traceback.empty()) {
+        std::fputs(k.traceback.c_str(), stdout);
+        if (k.traceback.back() != '\n') std::fputc('\n', stdout);
+      } else if (k.has_error) {
+        std::printf("%s: %s\n", k.error_type.c_str(), k.error_message.c_str());
+      } else {
+        std::printf("  (no Python exception was reported; see the end of %s)\n", k.stderr_log.c_str());
+      }
+      return;
     }
+}
+
+// Node 0's record first, then node K's of a submitted several-node job (node-K/ inside it).
+std::vector<RunRecord> node_records(const RunRecord& r) {
+  std::vector<RunRecord> nodes = {r};
+  const auto dirs = node_dirs(r.dir, r.nnodes);
+  for (std::size_t i = 1; i < dirs.size(); ++i) {
+    RunRecord k = read_run_record(dirs[i]);
+    settle(k);
+    nodes.push_back(std::move(k));
   }
+  return nodes;
+}
+
+int show_run(const RunRecord& r, bool json) {
+  const auto nodes = node_records(r);
+  if (json) {
+    std::string o = run_json_object(r, now_seconds());
+    o.pop_back();  // the closing brace: the nodes follow
+    o += ", \"nodes\": [";
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      const auto& n = nodes[i];
+      o += (i ? ", " : "") + std::string("{\"node_rank\": ") + std::to_string(n.node_rank) + ", \"state\": \"" +
+           json_escape(n.state) + "\", \"exit_code\": " + (n.exit_code ? std::to_string(*n.exit_code) : "null") +
+           ", \"run_dir\": \"" + json_escape(n.dir) + "\"}";
+    }
+    o += "]}\n";
+    std::fputs(o.c_str(), stdout);
+    return 0;
+  }
+  std::printf("run %s: %s\n", r.id.c_str(), ended_text(r).c_str());
+  if (!r.message.empty()) std::printf("  %s\n", r.message.c_str());
+  if (!r.problem.empty()) std::printf("  %s\n", r.problem.c_str());
+  std::string entry = r.entry;
+  for (const auto& a : r.args) entry += " " + shell_quote(a);
+  std::printf("entry:     %s\n", entry.c_str());
+  std::printf("nodes:     %d × %d rank(s)\n", r.nnodes, r.nprocs);
+  if (r.host_pid) std::printf("host:      pid %d on %s\n", r.host_pid, r.hostname.empty() ? "?" : r.hostname.c_str());
+  if (!r.scheduler_job_id.empty()) std::printf("slurm job: %s\n", r.scheduler_job_id.c_str());
+  if (r.restarts) std::printf("restarts:  %d\n", r.restarts);
+  std::printf("run dir:   %s\n", r.dir.c_str());
+  // The MLflow run, when the launch made one (tracking.hpp writes its variables there).
+  std::ifstream tracking(r.dir + "/tracking.env");
+  for (std::string line; std::getline(tracking, line);)
+    if (line.rfind("MLFLOW_RUN_ID=", 0) == 0) std::printf("mlflow:    run %s\n", line.substr(14).c_str());
+  for (const auto& n : nodes) {
+    if (nodes.size() > 1) {
+      std::printf("node %d: %s", n.node_rank, ended_text(n).c_str());
+      if (n.host_pid) std::printf(", host pid %d on %s", n.host_pid, n.hostname.empty() ? "?" : n.hostname.c_str());
+      std::printf("\n");
+    } else if (!n.ranks.empty()) {
+      std::printf("ranks:\n");
+    }
+    show_ranks(n);
+    std::printf("host log:  %s/logs/host.log\n", n.dir.c_str());
+  }
+  show_root_cause(nodes);
   return 0;
 }
 
@@ -119,8 +165,7 @@ int runs_command(const std::vector<std::string>& args) {
   if (words[0] != "show")
     return one_line_error("airhost runs takes show ID (or nothing), got '" + words[0] + "'; e.g. airhost runs show latest");
   if (words.size() != 2) return one_line_error("airhost runs show takes one run id, e.g. airhost runs show latest");
-  if (json) return one_line_error("--json lists the runs; drop it, or run airhost runs --json");
-  return show_run(find_run(runs, words[1]));
+  return show_run(find_run(runs, words[1]), json);
 }
 
 // ---- logs -----------------------------------------------------------------------------------

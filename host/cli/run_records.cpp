@@ -163,6 +163,27 @@ void settle(RunRecord& r) {
     // The same pid with another start time is another process: the host is gone.
     return read_proc_stat(pid, st) && st.state != 'Z' && st.state != 'X' && (ticks == 0 || st.start == ticks);
   });
+  // A Slurm job's run, pending or running on another node: Slurm knows whether it still is.
+  if (r.scheduler_job_id.empty() || (r.state != "pending" && r.state != "unknown" && r.state != "running")) return;
+  if (r.state == "unknown" && r.hostname.empty()) return;  // a run.json that does not parse
+  std::string out;
+  if (run_capture("squeue -h -j " + shell_quote(r.scheduler_job_id) + " -o %T 2>/dev/null", out) != 0) return;
+  if (out.find_first_not_of(" \n") != std::string::npos) {
+    if (r.state == "unknown") {
+      r.state = "running";  // on another node of the job, as Slurm says
+      r.problem.clear();
+    }
+    return;
+  }
+  // Slurm is done with the job. Its host may have recorded the end a moment ago.
+  RunRecord again = read_run_record(r.dir);
+  if (is_ended(again.state)) {
+    r = std::move(again);
+    return;
+  }
+  r.state = "lost";
+  r.problem = "Slurm job " + r.scheduler_job_id + " has ended without airhost recording how the run ended (see " +
+              r.dir + "/slurm-" + r.scheduler_job_id + ".out)";
 }
 
 std::vector<RunRecord> list_runs(const std::string& root) {
@@ -260,25 +281,38 @@ std::string runs_table(const std::vector<RunRecord>& runs, double now) {
   return out;
 }
 
-std::string runs_json(const std::vector<RunRecord>& runs, double now) {
+std::string run_json_object(const RunRecord& r, double now) {
   std::ostringstream o;
-  o << "[";
-  for (std::size_t i = 0; i < runs.size(); ++i) {
-    const auto& r = runs[i];
-    const double d = duration_of(r, now);
-    o << (i ? "," : "") << "\n  {\"run_id\": " << q(r.id) << ", \"state\": " << q(r.state) << ", \"nnodes\": " << r.nnodes
-      << ", \"nprocs\": " << r.nprocs << ", \"started_at\": " << (r.started_at > 0 ? number(r.started_at) : "null")
-      << ", \"ended_at\": " << (r.ended_at > 0 ? number(r.ended_at) : "null")
-      << ", \"duration_seconds\": " << (d >= 0 ? number(d) : "null")
-      << ", \"exit_code\": " << (r.exit_code ? std::to_string(*r.exit_code) : "null") << ", \"entry\": " << q(r.entry)
-      << ", \"args\": [";
-    for (std::size_t k = 0; k < r.args.size(); ++k) o << (k ? ", " : "") << q(r.args[k]);
-    o << "], \"scheduler_job_id\": " << (r.scheduler_job_id.empty() ? "null" : q(r.scheduler_job_id))
-      << ", \"host_pid\": " << r.host_pid << ", \"hostname\": " << q(r.hostname) << ", \"run_dir\": " << q(r.dir)
-      << ", \"message\": " << q(r.message) << "}";
-  }
-  o << (runs.empty() ? "]\n" : "\n]\n");
+  const double d = duration_of(r, now);
+  o << "{\"run_id\": " << q(r.id) << ", \"state\": " << q(r.state) << ", \"nnodes\": " << r.nnodes
+    << ", \"nprocs\": " << r.nprocs << ", \"started_at\": " << (r.started_at > 0 ? number(r.started_at) : "null")
+    << ", \"ended_at\": " << (r.ended_at > 0 ? number(r.ended_at) : "null")
+    << ", \"duration_seconds\": " << (d >= 0 ? number(d) : "null")
+    << ", \"exit_code\": " << (r.exit_code ? std::to_string(*r.exit_code) : "null") << ", \"entry\": " << q(r.entry)
+    << ", \"args\": [";
+  for (std::size_t k = 0; k < r.args.size(); ++k) o << (k ? ", " : "") << q(r.args[k]);
+  o << "], \"scheduler_job_id\": " << (r.scheduler_job_id.empty() ? "null" : q(r.scheduler_job_id))
+    << ", \"host_pid\": " << r.host_pid << ", \"hostname\": " << q(r.hostname) << ", \"run_dir\": " << q(r.dir)
+    << ", \"message\": " << q(r.message) << ", \"problem\": " << q(r.problem) << ", \"restarts\": " << r.restarts
+    << "}";
   return o.str();
+}
+
+std::string runs_json(const std::vector<RunRecord>& runs, double now) {
+  std::string o = "[";
+  for (std::size_t i = 0; i < runs.size(); ++i) o += (i ? ",\n  " : "\n  ") + run_json_object(runs[i], now);
+  o += runs.empty() ? "]\n" : "\n]\n";
+  return o;
+}
+
+std::vector<std::string> node_dirs(const std::string& run_dir, int nnodes) {
+  std::vector<std::string> dirs = {run_dir};
+  for (int k = 1; k < nnodes; ++k) {
+    const std::string dir = run_dir + "/node-" + std::to_string(k);
+    struct stat st{};
+    if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) dirs.push_back(dir);
+  }
+  return dirs;
 }
 
 }  // namespace airhost::detail

@@ -84,7 +84,12 @@ const RunRecord& resolve_run(const std::vector<RunRecord>& runs, const std::stri
 std::string duration_text(double seconds);
 // The `airhost runs` table, one line per run; `now` for the duration of running ones.
 std::string runs_table(const std::vector<RunRecord>& runs, double now);
-// The same runs as a JSON array (`airhost runs --json`).
+// The same runs as a JSON array (`airhost runs --json`), each as run_json_object gives it.
 std::string runs_json(const std::vector<RunRecord>& runs, double now);
+std::string run_json_object(const RunRecord& r, double now);
+
+// The directories of a run's nodes: `run_dir` itself (node 0, or a run of one node), then the
+// `node-K/` that a submitted several-node job keeps inside it, those that exist.
+std::vector<std::string> node_dirs(const std::string& run_dir, int nnodes);
 
 }  // namespace airhost::detail

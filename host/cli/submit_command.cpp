@@ -135,6 +135,36 @@ SubmitOptions parse_submit(const std::vector<std::string>& args) {
   return o;
 }
 
+// A pickled function (`--pickled FILE`, from the Python API's job submit) travels with the run:
+// FILE is copied into the run directory, which every node of the job sees, and the launch reads
+// it from there; a requeued job finds it again. Returns the launch with the path replaced.
+std::vector<std::string> stage_payload(const std::vector<std::string>& launch, const HostOptions& parsed,
+                                       const std::string& run_dir) {
+  if (parsed.entry.kind != Entry::Kind::pickled) return launch;
+  const std::string& from = parsed.entry.target;
+  const std::string to = run_dir + "/" + std::filesystem::path(from).filename().string();
+  std::error_code ec;
+  std::filesystem::copy_file(from, to, std::filesystem::copy_options::overwrite_existing, ec);
+  if (ec) throw ConfigError("cannot copy the payload " + from + " into " + run_dir + ": " + ec.message());
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < launch.size(); ++i) {
+    if (launch[i] == "--") {
+      out.insert(out.end(), launch.begin() + static_cast<std::ptrdiff_t>(i), launch.end());
+      break;
+    }
+    if (launch[i] == "--pickled" && i + 1 < launch.size()) {
+      out.push_back("--pickled");
+      out.push_back(to);
+      ++i;
+    } else if (launch[i].rfind("--pickled=", 0) == 0) {
+      out.push_back("--pickled=" + to);
+    } else {
+      out.push_back(launch[i]);
+    }
+  }
+  return out;
+}
+
 volatile sig_atomic_t g_stop_watching = 0;
 void on_watch_signal(int sig) { g_stop_watching = sig; }
 
@@ -203,6 +233,11 @@ int submit_local(const SubmitOptions& o, const HostOptions& launch) {
     create_run_dir(run_dir);
   } catch (const std::system_error& e) {
     throw ConfigError(std::string(e.what()) + "; choose another with --run-dir or AIRHOST_RUNS_DIR");
+  }
+  argv.resize(1);
+  {
+    const auto staged = stage_payload(o.launch, launch, run_dir);
+    argv.insert(argv.end(), staged.begin(), staged.end());
   }
   const std::string console = run_dir + "/console.log";
   UniqueFd out(::open(console.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
@@ -334,6 +369,8 @@ int submit_slurm(const SubmitOptions& o, const HostOptions& launch) {
   job.airhost = executable_path();
   job.launch = o.launch;
   job.nodes = o.nodes;
+  if (launch.entry.kind == Entry::Kind::pickled && !std::filesystem::is_regular_file(launch.entry.target))
+    throw ConfigError("payload file '" + launch.entry.target + "' not found");
   job.slurm = launch.settings.slurm;
   job.slurm.merge(o.slurm);
   const std::string script = render_batch_script(job);
@@ -347,7 +384,14 @@ int submit_slurm(const SubmitOptions& o, const HostOptions& launch) {
     throw ConfigError(std::string(e.what()) + "; choose another runs root with AIRHOST_RUNS_DIR");
   }
   const std::string script_path = job.run_dir + "/slurm.sbatch";
-  write_file_atomic(script_path, script);
+  try {
+    job.launch = stage_payload(o.launch, launch, job.run_dir);
+  } catch (const ConfigError&) {
+    std::error_code ec;
+    std::filesystem::remove_all(job.run_dir, ec);
+    throw;
+  }
+  write_file_atomic(script_path, render_batch_script(job));
   std::string job_id;
   try {
     job_id = sbatch_submit(script_path);

@@ -83,3 +83,54 @@ def test_sbatch_refusing_the_job_is_one_line_and_nothing_is_submitted(slurm, sub
     [line] = done.stderr.splitlines()
     assert line.startswith("airhost: sbatch refused the job: ") and "nvalid partition" in line, line
     assert not submit.root.exists() or not any(submit.root.iterdir())
+
+
+def test_a_function_submitted_to_two_nodes_returns_every_rank_s_value_and_raises_the_remote_traceback(slurm, submit):  # noqa: F811
+    """The Python API's jobs on Slurm: `fn.job(to="slurm", nodes=2).submit(...)` from a process of
+    its own, its results read back from both nodes' run directories in global rank order."""
+    import sys
+    from pathlib import Path
+
+    nodes = min(2, len(slurm.nodes))
+    client = str(Path(__file__).parent / "api_scripts" / "jobs_client.py")
+
+    def run(*args):
+        done = subprocess.run([sys.executable, client, *map(str, args)], cwd=submit.cwd, env=submit.env,
+                              capture_output=True, text=True, timeout=200, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    got = run("where", "slurm", nodes)
+    world = 2 * nodes
+    assert got["state"] == "succeeded", got
+    assert got["results"] == [{"rank": r, "value": 100 + r, "node": r // 2} for r in range(world)], got
+    [listed] = submit.listed()
+    assert listed["run_id"] == got["run_id"] and listed["scheduler_job_id"], listed
+    failed = run("fails", "slurm", nodes)
+    last = world - 1
+    assert failed["raised"] == "DistributedError" and last in failed["failed"], failed
+    assert f"Remote traceback of rank {last}:" in failed["message"] and "ArithmeticError" in failed["message"], failed
+    assert failed["cause"] == "ArithmeticError", failed
+
+
+@pytest.mark.timeout(300)
+def test_a_job_on_two_nodes_is_one_mlflow_run_holding_every_rank_s_metrics(slurm, submit, airhost):  # noqa: F811
+    mlflow = pytest.importorskip("mlflow")
+    nodes = min(2, len(slurm.nodes))
+    uri = f"sqlite:///{airhost.tmp_path}/mlflow.db"
+    submit.env.update({"AIRHOST_TRACKING": "1", "MLFLOW_TRACKING_URI": uri})
+    submit.env.pop("MLFLOW_EXPERIMENT_NAME", None)
+    logger = submit.cwd / "log.py"
+    logger.write_text("import os, mlflow\nrank = int(os.environ['RANK'])\n"
+                      "for step in range(20):\n    mlflow.log_metric(f'loss_{rank}', 1.0 / (step + 1), step=step)\n")
+    done = submit("submit", "--to", "slurm", "--nodes", nodes, "--watch", "--experiment", "two-nodes", str(logger),
+                  "-n", "2", timeout=250)
+    assert done.returncode == 0, done.stdout + done.stderr
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.tracking.MlflowClient()
+    experiment = client.get_experiment_by_name("two-nodes")
+    assert experiment is not None, done.stderr
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+    for rank in range(2 * nodes):
+        assert len(client.get_metric_history(run.info.run_id, f"loss_{rank}")) == 20, rank

@@ -644,6 +644,23 @@ class DistributedFunction:
         threading.Thread(target=run, name=f"airhost-{launch.run_dir}", daemon=True).start()
         return future
 
+    def job(self, *, nodes: int = 1, to: Optional[str] = None, experiment: Optional[str] = None,
+            sbatch: Optional[List[str]] = None, **slurm):
+        """Where to submit this function as a job that outlives this process:
+        `train.job(nodes=2, to="slurm", partition="gpu").submit(*args, **kwargs)` returns an
+        airhost.Job (run id, state, result() across nodes, cancel(), logs()).
+
+        nodes: nodes of the job (Slurm; a local job runs on this node only).
+        to: "slurm", "local" (detached on this node), or None: Slurm when sbatch is on PATH.
+        experiment: the MLflow experiment of the job's one run (else MLFLOW_EXPERIMENT_NAME).
+        sbatch: extra #SBATCH lines, e.g. ["--exclusive"].
+        partition, account, qos, time, gpus_per_node, cpus_per_task, mem, constraint: Slurm
+            settings, over the [slurm] table of ./airhost.toml.
+        """
+        from ._jobs import JobTarget
+
+        return JobTarget(self, to, nodes, experiment, sbatch, slurm)
+
     def __repr__(self):
         return f"<distributed {self.fn.__qualname__}>"
 
