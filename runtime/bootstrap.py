@@ -186,8 +186,26 @@ class _BindMlflowRunOnImport:
         return spec
 
 
+# The scheduler's warning that the job's time is nearly up (Slurm's --signal=USR1@90) reaches
+# the host, which passes SIGUSR1 (or SIGUSR2) to every rank. Their default action would kill
+# the rank; instead it is recorded here for airhost.preemption_requested(). A handler the
+# training code installs later (Lightning's, say) replaces this one, as it should.
+def _on_warning(signum, frame):
+    _airhost_rank.warning_signal = signum
+
+
+def _watch_warnings():
+    import signal
+
+    _airhost_rank.warning_signal = 0
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        if signal.getsignal(sig) in (signal.SIG_DFL, _on_warning):
+            signal.signal(sig, _on_warning)
+
+
 def install():
     sys.excepthook = _excepthook
+    _watch_warnings()
     if os.environ.get("AIRHOST_MLFLOW_RETRY") == "1":
         sys.meta_path.insert(0, _PatchSqlStoreOnImport())
     pending = os.environ.get("AIRHOST_MLFLOW_PENDING", "")

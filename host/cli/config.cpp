@@ -51,6 +51,18 @@ void Settings::merge(const Settings& over) {
   slurm.merge(over.slurm);
 }
 
+std::string checked_warning_signal(const std::string& text, const std::string& what) {
+  if (text == "off") return "";
+  const auto at = text.find('@');
+  const std::string sig = text.substr(0, at);
+  const std::string seconds = at == std::string::npos ? "" : text.substr(at + 1);
+  const bool digits = !seconds.empty() && seconds.size() <= 5 && seconds.find_first_not_of("0123456789") == std::string::npos;
+  if ((sig != "USR1" && sig != "USR2") || !digits || std::stoi(seconds) < 1)
+    throw ConfigError(what + " takes USR1 or USR2, '@' and the seconds before the time limit, or off; got '" + text +
+                      "'; e.g. USR1@90 (airhost passes SIGUSR1 and SIGUSR2 to every rank)");
+  return text;
+}
+
 void SlurmSettings::merge(const SlurmSettings& over) {
   auto take = [](auto& mine, const auto& theirs) {
     if (theirs) mine = theirs;
@@ -63,6 +75,8 @@ void SlurmSettings::merge(const SlurmSettings& over) {
   take(cpus_per_task, over.cpus_per_task);
   take(mem, over.mem);
   take(constraint, over.constraint);
+  take(signal, over.signal);
+  take(requeue, over.requeue);
   extra.insert(extra.end(), over.extra.begin(), over.extra.end());
 }
 
@@ -260,6 +274,8 @@ constexpr KeyDoc kSlurmKeys[] = {
     {"mem", "a non-empty string in Slurm's --mem form", "mem = \"256G\""},
     {"constraint", "a non-empty string", "constraint = \"h100\""},
     {"extra", "an array of sbatch options, one #SBATCH line each", "extra = [\"--exclusive\"]"},
+    {"signal", "USR1 or USR2, '@' and seconds before the time limit, or \"off\"", "signal = \"USR1@90\""},
+    {"requeue", "a boolean (requeue the job when it stops after the warning)", "requeue = true"},
 };
 constexpr KeyDoc kOutputKeys[] = {
     {"prefix", "a boolean", "prefix = false"},
@@ -483,6 +499,13 @@ class ConfigReader {
       else if (name == "constraint") slurm.constraint = text();
       else if (name == "gpus_per_node") slurm.gpus_per_node = static_cast<int>(integer(value, shown, *sub, 0, 1 << 16));
       else if (name == "cpus_per_task") slurm.cpus_per_task = static_cast<int>(integer(value, shown, *sub, 1, 1 << 20));
+      else if (name == "signal") {
+        try {
+          slurm.signal = checked_warning_signal(text(), shown);
+        } catch (const ConfigError& e) {
+          fail(value.source(), e.what());
+        }
+      } else if (name == "requeue") slurm.requeue = boolean(value, shown, *sub);
       else if (name == "extra") {
         const auto* array = value.as_array();
         if (!array) bad_type(value, shown, *sub);

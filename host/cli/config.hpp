@@ -26,9 +26,15 @@ struct SlurmSettings {
   std::optional<std::string> mem;           // --mem ("64G")
   std::optional<std::string> constraint;    // --constraint
   std::vector<std::string> extra;           // more #SBATCH lines, each as sbatch takes it ("--exclusive")
+  std::optional<std::string> signal;        // the warning before the time limit: "USR1@90" (the default),
+                                            // USR1 or USR2 @ seconds, or "off"
+  std::optional<bool> requeue;              // requeue the job when it stops after the warning
 
   void merge(const SlurmSettings& over);    // given fields of `over` win; extra lines add up
 };
+
+// "USR1@90" → itself; "off" → ""; anything else: ConfigError naming `what`.
+std::string checked_warning_signal(const std::string& text, const std::string& what);
 
 // Every setting a file or the command line can give. std::nullopt = not given, so that
 // the layers (defaults < file < flags) merge by "later given wins"; a setting given by no

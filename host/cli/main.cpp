@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -39,11 +40,45 @@ void on_signal_outside_a_run(int sig) {
   ::raise(sig);
 }
 
+// A scheduler's warning (SIGUSR1, SIGUSR2) with no rank to pass it to must not end the host,
+// as their default action would; during a run the supervisor passes it on.
+void on_warning_outside_a_run(int) {}
+
 void handle_signals_outside_a_run() {
   struct sigaction sa{};
   sa.sa_handler = on_signal_outside_a_run;
   sigemptyset(&sa.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  sa.sa_handler = on_warning_outside_a_run;
+  for (int sig : {SIGUSR1, SIGUSR2}) ::sigaction(sig, &sa, nullptr);
+}
+
+// A run that stopped after the scheduler's warning (run.json says "preempted") of a job
+// submitted with --requeue (AIRHOST_REQUEUE=1 in its batch script): node 0 asks Slurm to
+// requeue the job, which then runs again with the same run id and directory, and resumes.
+void requeue_if_preempted(const RunReport& report, int node_rank) {
+  const std::string job = getenv_or("SLURM_JOB_ID", "");
+  if (!report.warning_signal || report.ok() || node_rank != 0 || job.empty() || getenv_or("AIRHOST_REQUEUE", "") != "1")
+    return;
+  const std::string path = report.run_dir + "/run.json";
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string was = "\"state\": \"preempted\"";
+  const auto at = text.find(was);
+  if (at == std::string::npos) return;  // cancelled meanwhile: not to be requeued
+  std::string said;
+  if (run_capture("scontrol requeue " + shell_quote(job) + " 2>&1", said) != 0) {
+    std::fprintf(stderr, "airhost: run %s was preempted, and Slurm refused to requeue job %s: %s\n", report.run_id.c_str(),
+                 job.c_str(), said.c_str());
+    return;
+  }
+  text.replace(at, was.size(), "\"state\": \"requeued\"");
+  try {
+    write_file_atomic(path, text);
+  } catch (const std::exception&) {
+  }
+  std::fprintf(stderr, "airhost: run %s stopped for the job's time; Slurm job %s is requeued and resumes it\n",
+               report.run_id.c_str(), job.c_str());
 }
 
 // HostOptions (flags over file over what Slurm or Kubernetes say over defaults: see
@@ -72,6 +107,9 @@ LaunchSpec make_spec(const HostOptions& opts, ClusterResolution& cluster) {
   if (s.nnodes) spec.nnodes = *s.nnodes;
   if (s.node_rank) spec.node_rank = *s.node_rank;
   if (s.max_restarts) spec.max_restarts = *s.max_restarts;
+  // A requeued Slurm job counts on: its ranks see TORCHELASTIC_RESTART_COUNT go up.
+  if (const auto count = getenv_or("SLURM_RESTART_COUNT", ""); !count.empty() && !getenv_or("SLURM_JOB_ID", "").empty())
+    spec.restart_offset = std::max(0, std::atoi(count.c_str()));
   if (s.node_timeout) spec.node_timeout = *s.node_timeout;
   if (s.join_timeout) spec.join_timeout = *s.join_timeout;
   if (s.join_token_file) {
@@ -273,6 +311,7 @@ int run_main(int argc, char** argv) {
   callbacks.on_start_mode = [](bool, const std::string& line) {
     if (line.find("no warm server running") == std::string::npos) std::fprintf(stderr, "airhost: %s\n", line.c_str());
   };
+  const int node_rank = spec.node_rank;
   Launcher launcher(std::move(spec), std::move(callbacks));
   RunReport report;
   try {
@@ -285,6 +324,7 @@ int run_main(int argc, char** argv) {
     return to_int(ExitCode::usage);
   }
   tracking.finish(report.outcome);
+  requeue_if_preempted(report, node_rank);
 
   try {
     save_results(report);
@@ -294,6 +334,9 @@ int run_main(int argc, char** argv) {
   if (report.ok()) {
     std::fprintf(stderr, "airhost: %s in %.1f s%s (logs: %s/logs)\n", report.message.c_str(), report.wall_seconds,
                  report.warm ? ", warm start" : "", report.run_dir.c_str());
+  } else if (report.warning_signal && report.outcome != Outcome::interrupted) {
+    // Preempted, as asked: no failure summary for a loop that checkpointed and stopped.
+    std::fprintf(stderr, "airhost: %s (logs: %s/logs)\n", report.message.c_str(), report.run_dir.c_str());
   } else {
     std::fputs(failure_summary(report).c_str(), stderr);
   }

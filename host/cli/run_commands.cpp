@@ -335,10 +335,10 @@ int cancel_slurm(const RunRecord& run) {
     if (!queued && gone_since == 0) gone_since = now_seconds();
     // Slurm is done with the job, but no host recorded the end: it never started (pending), or
     // Slurm's SIGKILL came before its host could write it. The record says it here.
-    if (!queued && (now.state == "pending" || (!is_ended(now.state) && now_seconds() - gone_since > 5))) {
+    if (!queued && (now.state == "pending" || now.state == "requeued" || (!is_ended(now.state) && now_seconds() - gone_since > 5))) {
       std::ifstream in(run.dir + "/run.json");
       std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      for (const char* was : {"\"state\": \"pending\"", "\"state\": \"running\""})
+      for (const char* was : {"\"state\": \"pending\"", "\"state\": \"running\"", "\"state\": \"requeued\""})
         if (const auto at = text.find(was); at != std::string::npos)
           text.replace(at, std::strlen(was), "\"state\": \"cancelled\"");
       try {

@@ -138,7 +138,8 @@ RunRecord read_run_record(const std::string& dir) {
 }
 
 bool is_ended(const std::string& state) {
-  return state != "running" && state != "starting" && state != "pending" && state != "lost" && state != "unknown";
+  return state != "running" && state != "starting" && state != "pending" && state != "requeued" && state != "lost" &&
+         state != "unknown";
 }
 
 void settle(RunRecord& r, const std::string& this_hostname,
@@ -164,7 +165,9 @@ void settle(RunRecord& r) {
     return read_proc_stat(pid, st) && st.state != 'Z' && st.state != 'X' && (ticks == 0 || st.start == ticks);
   });
   // A Slurm job's run, pending or running on another node: Slurm knows whether it still is.
-  if (r.scheduler_job_id.empty() || (r.state != "pending" && r.state != "unknown" && r.state != "running")) return;
+  if (r.scheduler_job_id.empty() ||
+      (r.state != "pending" && r.state != "requeued" && r.state != "unknown" && r.state != "running"))
+    return;
   if (r.state == "unknown" && r.hostname.empty()) return;  // a run.json that does not parse
   std::string out;
   if (run_capture("squeue -h -j " + shell_quote(r.scheduler_job_id) + " -o %T 2>/dev/null", out) != 0) return;

@@ -31,7 +31,13 @@ std::string render_batch_script(const BatchJob& job) {
     << "#SBATCH --job-name=airhost-" << job.run_id << "\n"
     << "#SBATCH --nodes=" << job.nodes << "\n"
     << "#SBATCH --ntasks-per-node=1\n"
-    << "#SBATCH --output=" << job.run_dir << "/slurm-%j.out\n";
+    << "#SBATCH --output=" << job.run_dir << "/slurm-%j.out\n"
+    << "#SBATCH --open-mode=append\n";
+  // The warning before the time limit (docs/jobs.md, "Preemption and time limits"): Slurm
+  // signals every step's tasks, the airhosts, which pass it to every rank.
+  const std::string warning = s.signal.value_or("USR1@90");
+  if (!warning.empty()) o << "#SBATCH --signal=" << warning << "\n";
+  if (s.requeue.value_or(false)) o << "#SBATCH --requeue\n";
   if (s.partition) o << "#SBATCH --partition=" << *s.partition << "\n";
   if (s.account) o << "#SBATCH --account=" << *s.account << "\n";
   if (s.qos) o << "#SBATCH --qos=" << *s.qos << "\n";
@@ -45,6 +51,7 @@ std::string render_batch_script(const BatchJob& job) {
     << "cd " << shell_quote(job.working_dir) << "\n"
     << "export AIRHOST_RUNS_DIR=" << shell_quote(job.runs_root) << "\n"
     << "export " << kSubmitRunIdVar << "=" << shell_quote(job.run_id) << "\n";
+  if (s.requeue.value_or(false)) o << "export AIRHOST_REQUEUE=1  # node 0 requeues the job when it stops after the warning\n";
   if (job.nodes > 1) {
     // A fresh secret for this job, handed by srun to every node's airhost: node 0 admits only
     // this job's nodes (docs/multinode.md, "The join token").

@@ -64,7 +64,7 @@ struct SlurmFlag {
 constexpr SlurmFlag kSlurmFlags[] = {
     {"--partition", "gpu"}, {"--account", "ml-team"}, {"--qos", "high"}, {"--time", "24:00:00"},
     {"--gpus-per-node", "8"}, {"--cpus-per-task", "64"}, {"--mem", "256G"}, {"--constraint", "h100"},
-    {"--sbatch", "--exclusive"},
+    {"--sbatch", "--exclusive"}, {"--signal", "USR1@90"},
 };
 
 const SlurmFlag* slurm_flag_of(const std::string& arg) {
@@ -94,6 +94,8 @@ SubmitOptions parse_submit(const std::vector<std::string>& args) {
       o.to = value("--to", "local");
       if (o.to != "local" && o.to != "slurm")
         throw ConfigError("--to takes local or slurm, got '" + o.to + "'; e.g. --to local");
+    } else if (a == "--requeue" || a == "--no-requeue") {
+      o.slurm.requeue = a == "--requeue";
     } else if (a == "--watch") {
       o.watch = true;
     } else if (a == "--dry-run") {
@@ -119,6 +121,7 @@ SubmitOptions parse_submit(const std::vector<std::string>& args) {
       else if (name == "--cpus-per-task") sl.cpus_per_task = count(1);
       else if (name == "--mem") sl.mem = v;
       else if (name == "--constraint") sl.constraint = v;
+      else if (name == "--signal") sl.signal = checked_warning_signal(v, "--signal");
       else sl.extra.push_back(v);
     } else if (a == "--nodes" || a.rfind("--nodes=", 0) == 0) {
       const std::string v = value("--nodes", "2");

@@ -416,11 +416,20 @@ RunReport Launcher::run() {
   bool warm = !spec.warm_socket.empty();
   std::string start_mode;
   int attempt = 0;
+  if (spec.restart_offset > 0) {
+    // A requeued job: its logs go on in the same files, from a line that says so.
+    const std::string mark = "----- airhost: the job was requeued; restart " + std::to_string(spec.restart_offset) +
+                             " of the job -----\n";
+    for (int i = 0; i < spec.nprocs; ++i) {
+      const std::string log = spec.run_dir + "/logs/rank-" + std::to_string(spec.node_rank * spec.nprocs + i) + ".stderr.log";
+      if (is_file(log)) detail::append_file(log, (detail::ends_line(log) ? "" : "\n") + mark);
+    }
+  }
   for (;; ++attempt) {
     detail::Supervisor::Plan plan;
     plan.spec = &spec;
     plan.callbacks = &impl_->callbacks;
-    plan.context = {spec.run_id, spec.run_dir, master_port, static_cast<int>(::getpid()), 3, attempt};
+    plan.context = {spec.run_id, spec.run_dir, master_port, static_cast<int>(::getpid()), 3, spec.restart_offset + attempt};
     plan.out = &out;
     if (link) {
       plan.on_teardown = [&link](Outcome, const std::string& why, bool cascade) { link->tell_down(why, cascade); };
@@ -457,8 +466,10 @@ RunReport Launcher::run() {
     // too: node 0 restarts the group only when every node may.
     auto may_restart = [&] {
       std::lock_guard lock(impl_->mutex);
+      // After a scheduler's warning the job's time is nearly up: the ranks checkpointed and
+      // stopped for the job to be requeued, not for another attempt here.
       return (report.outcome == Outcome::failed || (link && report.outcome == Outcome::node_lost)) &&
-             attempt < spec.max_restarts && !impl_->pending_cancel;
+             attempt < spec.max_restarts && !impl_->pending_cancel && !report.warning_signal;
     };
     {
       std::lock_guard lock(impl_->mutex);
@@ -505,7 +516,7 @@ RunReport Launcher::run() {
   }
   if (link) settle_with_other_nodes(*link, spec, report, started);
   link.reset();  // what it still has to say is sent; then the connections close
-  report.restarts = attempt;
+  report.restarts = spec.restart_offset + attempt;
   report.unshown_bytes = out.close();  // of every attempt
   report.warm = warm;
   report.start_mode = start_mode;

@@ -208,11 +208,14 @@ bool cancel_requested(const std::string& run_dir, int node_rank) {
 
 }  // namespace
 
-std::string final_state(Outcome outcome, bool cancel_requested) {
+std::string final_state(Outcome outcome, bool cancel_requested, bool warned) {
   // Whatever ended a run that was asked to stop is the cancel: under Slurm, scancel signals
   // every process of the step at once, so a rank may die of it before the host hears of it,
   // and the run ends "failed" by a rank's SIGTERM rather than "interrupted".
   if (cancel_requested && outcome != Outcome::succeeded) return "cancelled";
+  // After the scheduler's warning, however the ranks left (airhost.Preempted, a SIGTERM at the
+  // time limit), the run stopped for the job's time, to be resumed from its checkpoint.
+  if (warned && outcome != Outcome::succeeded) return "preempted";
   return to_string(outcome);
 }
 
@@ -221,7 +224,7 @@ std::string run_json_started(const LaunchSpec& spec, double started_at) {
   o << "{\n  \"run_id\": " << q(spec.run_id) << ",\n  \"run_dir\": " << q(spec.run_dir)
     << ",\n  \"state\": \"running\",\n  \"outcome\": null,\n  \"exit_code\": null,\n  \"root_cause\": -1"
     << ",\n  \"message\": " << q("run " + spec.run_id + " is running") << ",\n  \"wall_seconds\": 0"
-    << ",\n  \"restarts\": 0,\n  \"failed_attempts\": []";
+    << ",\n  \"restarts\": " << spec.restart_offset << ",\n  \"failed_attempts\": []";
   host_fields(o, spec, started_at, 0);
   entry_fields(o, spec);
   // The ranks to be: where their logs will be, so that `airhost logs` can follow them now.
@@ -242,10 +245,12 @@ std::string run_json(const RunReport& report, const LaunchSpec& spec, double sta
   std::ostringstream o;
   const std::string run_dir = report.run_dir.empty() ? spec.run_dir : report.run_dir;
   o << "{\n  \"run_id\": " << q(report.run_id) << ",\n  \"run_dir\": " << q(report.run_dir)
-    << ",\n  \"state\": " << q(final_state(report.outcome, cancel_requested(run_dir, spec.node_rank)))
+    << ",\n  \"state\": "
+    << q(final_state(report.outcome, cancel_requested(run_dir, spec.node_rank), report.warning_signal != 0))
     << ",\n  \"outcome\": " << q(to_string(report.outcome)) << ",\n  \"exit_code\": " << report.exit_code
     << ",\n  \"root_cause\": " << report.root_cause << ",\n  \"message\": " << q(report.message)
     << ",\n  \"wall_seconds\": " << number(report.wall_seconds) << ",\n  \"restarts\": " << report.restarts
+    << ",\n  \"warning_signal\": " << (report.warning_signal ? q(signal_name(report.warning_signal)) : "null")
     << ",\n  \"failed_attempts\": [";
   for (std::size_t i = 0; i < report.failed_attempts.size(); ++i) o << (i ? ", " : "") << q(report.failed_attempts[i]);
   o << "]";

@@ -37,7 +37,10 @@ constexpr std::size_t kMaxPassedFds = 8;
 // say) can hold them. Its process group is killed at exit, so this is only a safety net.
 constexpr uint64_t kDrainMs = 3000;
 
-constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP};
+// SIGUSR1 and SIGUSR2 end nothing: a scheduler's warning that the job's time is nearly up
+// (Slurm's --signal=USR1@90), passed to every rank to checkpoint on (forward_warning).
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
+constexpr int kSignalCount = sizeof kHandledSignals / sizeof kHandledSignals[0];
 
 template <typename H>
 uv_handle_t* as_handle(H* h) { return reinterpret_cast<uv_handle_t*>(h); }
@@ -128,9 +131,10 @@ struct Supervisor::Impl {
   std::vector<std::unique_ptr<Rank>> ranks;
   uv_timer_t timeout_timer{}, grace_timer{};
   uv_timer_t alive_timer{};  // tells plan.on_alive that the loop turns (the node link's watch)
-  uv_signal_t signals[3]{};
-  struct sigaction saved_actions[3]{};  // what the signals did before the run: put back after it
+  uv_signal_t signals[kSignalCount]{};
+  struct sigaction saved_actions[kSignalCount]{};  // what the signals did before the run: put back after it
   int signal_count = 0;
+  int warning_signal = 0;  // the last SIGUSR1/SIGUSR2 passed to the ranks
 
   // cancel() and abort() come from other threads, through `async`.
   uv_async_t async{};
@@ -712,12 +716,20 @@ struct Supervisor::Impl {
     rep.run_dir = plan.context.run_dir;
     rep.wall_seconds = now_seconds() - start_time;
     rep.interrupt_signal = cause.interrupt_signal;
+    rep.warning_signal = warning_signal;
     std::vector<bool> signalled;
     for (auto& r : ranks) {
       rep.ranks.push_back(r->report);
       signalled.push_back(r->stopped_by_us);
     }
     conclude_run(rep, cause, signalled);
+    if (warning_signal && !rep.ok()) {
+      // Stopping is what the warning asked for: the run says so before how its ranks left.
+      const std::string run = "run " + rep.run_id;
+      std::string how = rep.message.rfind(run, 0) == 0 ? rep.message.substr(run.size()) : rep.message;
+      while (!how.empty() && (how.front() == ':' || how.front() == ' ')) how.erase(0, 1);
+      rep.message = run + " stopped after the scheduler's warning (" + signal_name(warning_signal) + "): " + how;
+    }
     return rep;
   }
 
@@ -731,9 +743,29 @@ struct Supervisor::Impl {
       h.data = this;
       uv_signal_start(&h, [](uv_signal_t* s, int signum) {
         auto* self = static_cast<Impl*>(s->data);
-        self->guarded("handling a signal", [&] { self->begin_teardown(Outcome::interrupted, signum); });
+        if (signum == SIGUSR1 || signum == SIGUSR2)
+          self->guarded("passing a signal on", [&] { self->forward_warning(signum); });
+        else
+          self->guarded("handling a signal", [&] { self->begin_teardown(Outcome::interrupted, signum); });
       }, sig);
     }
+  }
+
+  // The run goes on: each rank's main process gets the signal (not its group: a DataLoader
+  // worker would die of it), where airhost's handler records it for
+  // airhost.preemption_requested(); the training loop checkpoints and leaves.
+  void forward_warning(int sig) {
+    const bool first = warning_signal == 0;
+    warning_signal = sig;
+    int sent = 0;
+    for (auto& r : ranks)
+      if (r->report.state == RankState::running && r->report.pid > 0 && ::kill(r->report.pid, sig) == 0) ++sent;
+    const std::string name = signal_name(sig);
+    if (first)
+      plan.out->say(name + ": the scheduler's warning that the job's time is nearly up; passed to " +
+                    std::to_string(sent) + " rank(s): checkpoint and stop (airhost.preemption_requested())");
+    else
+      plan.out->log(name + " again; passed to " + std::to_string(sent) + " rank(s)");
   }
 
   // Should this process die by SIGKILL, the guard ends what the ranks started. It gets the

@@ -68,6 +68,9 @@ struct LaunchSpec {
   int max_restarts = 0;                   // after a rank fails, stop the group and start it again
                                           // (TORCHELASTIC_RESTART_COUNT=1, 2, ...) up to this many
                                           // times; a timeout or an interrupt is never restarted
+  int restart_offset = 0;                 // restarts of the job before this launch (a requeued Slurm
+                                          // job: SLURM_RESTART_COUNT); added to TORCHELASTIC_RESTART_COUNT
+                                          // and RunReport::restarts, not counted against max_restarts
   std::chrono::milliseconds grace{10000}; // SIGTERM → SIGKILL delay on teardown
   std::string run_id;                     // empty = generated
   std::string run_dir;                    // empty = <runs root>/<run_id>

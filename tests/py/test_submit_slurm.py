@@ -134,3 +134,51 @@ def test_a_job_on_two_nodes_is_one_mlflow_run_holding_every_rank_s_metrics(slurm
     assert run.info.status == "FINISHED"
     for rank in range(2 * nodes):
         assert len(client.get_metric_history(run.info.run_id, f"loss_{rank}")) == 20, rank
+
+
+@pytest.mark.timeout(400)
+def test_a_job_warned_of_its_time_checkpoints_is_requeued_and_ends_as_an_uninterrupted_run(slurm, submit, airhost):  # noqa: F811
+    """Slurm's warning before the time limit (`scancel -s USR1`, what `--signal=USR1@90` sends):
+    both nodes' airhosts pass it to their ranks, the loop checkpoints and raises
+    airhost.Preempted, node 0 requeues the job (--requeue), and the requeued job resumes from the
+    checkpoint to exactly the parameters of a job that was never stopped."""
+    import torch
+    from pathlib import Path
+
+    train = str(Path(__file__).parent / "restart_scripts" / "train_resume.py")
+    nodes = min(2, len(slurm.nodes))
+    tmp = airhost.tmp_path
+    (tmp / "ckpt-ref").mkdir()
+    ref = submit("submit", "--to", "slurm", "--nodes", nodes, "--watch", train, "-n", "1", "--",
+                 "--ckpt", tmp / "ckpt-ref", "--out", tmp / "ref.pt", timeout=200)
+    assert ref.returncode == 0, ref.stdout + ref.stderr
+
+    ckpt = tmp / "ckpt"
+    ckpt.mkdir()
+    done = submit("submit", "--to", "slurm", "--nodes", nodes, "--requeue", train, "-n", "1", "--",
+                  "--ckpt", ckpt, "--out", tmp / "resumed.pt", "--wait-warning-at", "17")
+    assert done.returncode == 0, done.stderr
+    run_id = done.stdout.strip()
+    script = (submit.root / run_id / "slurm.sbatch").read_text()
+    assert "#SBATCH --signal=USR1@90\n" in script and "#SBATCH --requeue\n" in script, script
+    wait_for(lambda: (ckpt / "waiting").exists(), 120, "the ranks to wait at step 17")
+    job = json.loads((submit.root / run_id / "run.json").read_text())["scheduler_job_id"]
+    warned = subprocess.run(["scancel", "-s", "USR1", job], env=submit.env, capture_output=True, text=True)
+    assert warned.returncode == 0, warned.stderr
+
+    def ended():
+        [r] = [r for r in submit.listed() if r["run_id"] == run_id]
+        return r["state"] in ("succeeded", "failed", "cancelled", "preempted", "lost") and r
+
+    record = wait_for(ended, 240, "the requeued job to end", interval=1.0)
+    output = "".join(p.read_text() for p in (submit.root / run_id).glob("slurm-*.out"))
+    assert record["state"] == "succeeded", (record, output)
+    assert "the scheduler's warning that the job's time is nearly up" in output, output
+    assert f"Slurm job {job} is requeued" in output, output
+    assert "attempt 1: resumed from step-000017 at step 17" in output, output
+    run_json = json.loads((submit.root / run_id / "run.json").read_text())
+    assert run_json["restarts"] == 1 and run_json["scheduler_job_id"] == job, run_json
+    expected, got = torch.load(tmp / "ref.pt"), torch.load(tmp / "resumed.pt")
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), f"{name} differs after the requeue"

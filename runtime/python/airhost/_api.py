@@ -645,7 +645,7 @@ class DistributedFunction:
         return future
 
     def job(self, *, nodes: int = 1, to: Optional[str] = None, experiment: Optional[str] = None,
-            sbatch: Optional[List[str]] = None, **slurm):
+            sbatch: Optional[List[str]] = None, requeue: Optional[bool] = None, **slurm):
         """Where to submit this function as a job that outlives this process:
         `train.job(nodes=2, to="slurm", partition="gpu").submit(*args, **kwargs)` returns an
         airhost.Job (run id, state, result() across nodes, cancel(), logs()).
@@ -654,12 +654,13 @@ class DistributedFunction:
         to: "slurm", "local" (detached on this node), or None: Slurm when sbatch is on PATH.
         experiment: the MLflow experiment of the job's one run (else MLFLOW_EXPERIMENT_NAME).
         sbatch: extra #SBATCH lines, e.g. ["--exclusive"].
-        partition, account, qos, time, gpus_per_node, cpus_per_task, mem, constraint: Slurm
-            settings, over the [slurm] table of ./airhost.toml.
+        requeue: after the time-limit warning and a checkpoint, Slurm requeues the job to resume.
+        partition, account, qos, time, gpus_per_node, cpus_per_task, mem, constraint, signal:
+            Slurm settings, over the [slurm] table of ./airhost.toml.
         """
         from ._jobs import JobTarget
 
-        return JobTarget(self, to, nodes, experiment, sbatch, slurm)
+        return JobTarget(self, to, nodes, experiment, sbatch, requeue, slurm)
 
     def __repr__(self):
         return f"<distributed {self.fn.__qualname__}>"

@@ -26,10 +26,11 @@ from typing import Any, Dict, List, Optional
 
 from . import _api
 
-ENDED = frozenset({"succeeded", "failed", "cancelled", "interrupted", "timed_out", "node_lost", "not_started"})
+ENDED = frozenset({"succeeded", "failed", "cancelled", "interrupted", "timed_out", "node_lost", "not_started",
+                   "preempted"})
 
 # [slurm] settings a job takes as keywords: the flags of `airhost submit` (docs/jobs.md).
-_SLURM_KEYS = ("partition", "account", "qos", "time", "gpus_per_node", "cpus_per_task", "mem", "constraint")
+_SLURM_KEYS = ("partition", "account", "qos", "time", "gpus_per_node", "cpus_per_task", "mem", "constraint", "signal")
 
 
 def _airhost() -> str:
@@ -58,7 +59,7 @@ class JobTarget:
     """Where and how a `@distributed` function is submitted; `.submit(*args, **kwargs)` does it."""
 
     def __init__(self, fn: "_api.DistributedFunction", to: Optional[str], nodes: int, experiment: Optional[str],
-                 sbatch: Optional[List[str]], slurm: Dict[str, Any]):
+                 sbatch: Optional[List[str]], requeue: Optional[bool], slurm: Dict[str, Any]):
         if to not in (None, "local", "slurm"):
             raise ValueError(f"to= takes 'local' or 'slurm' (or None: Slurm when sbatch is on PATH), got {to!r}")
         if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
@@ -72,6 +73,7 @@ class JobTarget:
         self.nodes = nodes
         self.experiment = experiment
         self.sbatch = list(sbatch or [])
+        self.requeue = requeue
         self.slurm = slurm
 
     def _argv(self, payload_path: str) -> List[str]:
@@ -84,6 +86,8 @@ class JobTarget:
                 argv += ["--" + key.replace("_", "-"), str(self.slurm[key])]
         for line in self.sbatch:
             argv += ["--sbatch", line]
+        if self.requeue is not None:
+            argv.append("--requeue" if self.requeue else "--no-requeue")
         argv += ["--pickled", payload_path, "--python", sys.executable]
         if o.num_accelerators is not None:
             argv += ["-n", str(o.num_accelerators)]
@@ -141,8 +145,9 @@ class Job:
 
     @property
     def state(self) -> str:
-        """pending, starting, running, succeeded, failed, cancelled, interrupted, timed_out,
-        node_lost, not_started, or lost (its host is gone without recording the end)."""
+        """pending, starting, running, requeued, succeeded, failed, cancelled, interrupted,
+        timed_out, node_lost, not_started, preempted, or lost (its host is gone without recording
+        the end)."""
         return self.record()["state"]
 
     @property

@@ -8,6 +8,11 @@ end with exactly the parameters of an uninterrupted one.
 
 --stall-at S: on the first attempt, rank 1 (--stall-rank) writes <ckpt>/stalled (its pid) on
 reaching step S and waits there, for the test to SIGKILL it in the middle of training.
+
+--wait-warning-at S: on the first attempt, every rank waits at step S (rank 0 writes
+<ckpt>/waiting) until the scheduler's warning comes (airhost.preemption_requested()), then
+checkpoints step S and raises airhost.Preempted, as a loop does before its time limit. With
+it, the loop asks at every step.
 """
 import argparse
 import gc
@@ -21,6 +26,7 @@ import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import airhost
 from airhost.data import VolumeReader, VolumeWriter, latest_checkpoint
 
 
@@ -39,6 +45,7 @@ def main():
     p.add_argument("--stall-at", type=int, default=-1)
     p.add_argument("--stall-rank", type=int, default=1)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--wait-warning-at", type=int, default=-1)
     a = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -61,7 +68,23 @@ def main():
     elif rank == 0:
         print(f"attempt {attempt}: starting from scratch", flush=True)
 
+    def save(done):
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd, "step": torch.tensor(done)},
+                 storage_writer=VolumeWriter(os.path.join(a.ckpt, f"step-{done:06d}")))
+
     for step in range(start, a.steps):
+        if a.wait_warning_at >= 0:
+            if step == a.wait_warning_at and attempt == 0:
+                if rank == 0:
+                    open(os.path.join(a.ckpt, "waiting"), "w").close()
+                while not airhost.preemption_requested():
+                    time.sleep(0.2)
+            if airhost.preemption_requested():
+                save(step)
+                if rank == 0:
+                    print(f"step {step}: the scheduler's warning came; checkpoint saved", flush=True)
+                raise airhost.Preempted(f"checkpointed at step {step}")
         if step == a.stall_at and attempt == 0 and rank == a.stall_rank:
             with open(os.path.join(a.ckpt, "stalled.tmp"), "w") as f:
                 f.write(str(os.getpid()))
@@ -75,9 +98,7 @@ def main():
         opt.step()
         done = step + 1
         if done % a.every == 0 and done < a.steps:
-            msd, osd = get_state_dict(model, opt)
-            dcp.save({"model": msd, "optim": osd, "step": torch.tensor(done)},
-                     storage_writer=VolumeWriter(os.path.join(a.ckpt, f"step-{done:06d}")))
+            save(done)
             if rank == 0:
                 print(f"step {done}: loss {loss.item():.6f}, checkpoint saved", flush=True)
 
