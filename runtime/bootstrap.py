@@ -199,7 +199,7 @@ def _watch_warnings():
 
     _airhost_rank.warning_signal = 0
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
-        if signal.getsignal(sig) in (signal.SIG_DFL, _on_warning):
+        if signal.getsignal(sig) in (signal.SIG_DFL, signal.SIG_IGN, _on_warning):
             signal.signal(sig, _on_warning)
 
 

@@ -53,7 +53,8 @@ int run_guard() {
   sigemptyset(&term);
   sigaddset(&term, SIGTERM);
   ::sigprocmask(SIG_BLOCK, &term, nullptr);
-  for (int sig : {SIGINT, SIGHUP, SIGQUIT, SIGPIPE}) ::signal(sig, SIG_IGN);
+  // SIGUSR1/SIGUSR2: a scheduler's warning, which Slurm sends to every process of the step.
+  for (int sig : {SIGINT, SIGHUP, SIGQUIT, SIGPIPE, SIGUSR1, SIGUSR2}) ::signal(sig, SIG_IGN);
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   const int sfd = ::signalfd(-1, &term, SFD_CLOEXEC);
   std::set<long> groups;

@@ -289,6 +289,8 @@ class Server:
         signal.signal(signal.SIGCHLD, lambda *a: None)
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self.on_term)
+        for sig in (signal.SIGUSR1, signal.SIGUSR2):  # a scheduler's warning is for the ranks
+            signal.signal(sig, signal.SIG_IGN)
         # Bound only once preloaded: a connection means a server ready to fork.
         old_umask = os.umask(0o177)
         try:

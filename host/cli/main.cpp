@@ -56,21 +56,25 @@ void handle_signals_outside_a_run() {
 // A run that stopped after the scheduler's warning (run.json says "preempted") of a job
 // submitted with --requeue (AIRHOST_REQUEUE=1 in its batch script): node 0 asks Slurm to
 // requeue the job, which then runs again with the same run id and directory, and resumes.
-void requeue_if_preempted(const RunReport& report, int node_rank) {
+//
+// Every node of such a job that stopped after the warning exits 0 (returns true): the job goes
+// on in its requeue, and a non-zero exit would make srun (--kill-on-bad-exit) end the other
+// nodes' hosts before node 0 has requeued it and the MLflow run is closed.
+bool requeue_if_preempted(const RunReport& report, int node_rank) {
   const std::string job = getenv_or("SLURM_JOB_ID", "");
-  if (!report.warning_signal || report.ok() || node_rank != 0 || job.empty() || getenv_or("AIRHOST_REQUEUE", "") != "1")
-    return;
+  if (!report.warning_signal || report.ok() || job.empty() || getenv_or("AIRHOST_REQUEUE", "") != "1") return false;
   const std::string path = report.run_dir + "/run.json";
   std::ifstream in(path);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string was = "\"state\": \"preempted\"";
   const auto at = text.find(was);
-  if (at == std::string::npos) return;  // cancelled meanwhile: not to be requeued
+  if (at == std::string::npos) return false;  // cancelled meanwhile: not to be requeued
+  if (node_rank != 0) return true;
   std::string said;
   if (run_capture("scontrol requeue " + shell_quote(job) + " 2>&1", said) != 0) {
     std::fprintf(stderr, "airhost: run %s was preempted, and Slurm refused to requeue job %s: %s\n", report.run_id.c_str(),
                  job.c_str(), said.c_str());
-    return;
+    return false;
   }
   text.replace(at, was.size(), "\"state\": \"requeued\"");
   try {
@@ -79,6 +83,7 @@ void requeue_if_preempted(const RunReport& report, int node_rank) {
   }
   std::fprintf(stderr, "airhost: run %s stopped for the job's time; Slurm job %s is requeued and resumes it\n",
                report.run_id.c_str(), job.c_str());
+  return true;
 }
 
 // HostOptions (flags over file over what Slurm or Kubernetes say over defaults: see
@@ -301,7 +306,14 @@ int run_main(int argc, char** argv) {
     const std::string name = spec.entry.kind == Entry::Kind::pickled
                                  ? std::filesystem::path(spec.entry.target).stem().string()
                                  : spec.entry.target;
-    tracking = TrackingRun::start(spec.python, name, spec.nprocs, spec.run_dir + "/tracking.env");
+    // A requeued job (restart_offset > 0) goes on in the MLflow run its first start made.
+    std::string resume;
+    if (spec.restart_offset > 0) {
+      std::ifstream made(spec.run_dir + "/tracking.env");
+      for (std::string line; std::getline(made, line);)
+        if (line.rfind("MLFLOW_RUN_ID=", 0) == 0) resume = line.substr(14);
+    }
+    tracking = TrackingRun::start(spec.python, name, spec.nprocs, spec.run_dir + "/tracking.env", resume);
     for (const auto& [k, v] : tracking.rank_env()) spec.env.try_emplace(k, v);
   }
 
@@ -323,8 +335,9 @@ int run_main(int argc, char** argv) {
     std::fprintf(stderr, "airhost: %s\n", e.what());
     return to_int(ExitCode::usage);
   }
-  tracking.finish(report.outcome);
-  requeue_if_preempted(report, node_rank);
+  // A run stopped by the scheduler's warning is KILLED in MLflow (and RUNNING again if requeued).
+  tracking.finish(report.warning_signal && !report.ok() ? Outcome::interrupted : report.outcome);
+  const bool requeued = requeue_if_preempted(report, node_rank);
 
   try {
     save_results(report);
@@ -346,7 +359,7 @@ int run_main(int argc, char** argv) {
                  "keep up (every byte is in the logs: %s/logs)\n", static_cast<double>(report.unshown_bytes) / (1 << 20),
                  report.run_dir.c_str());
   }
-  return report.exit_code;
+  return requeued ? 0 : report.exit_code;  // a requeued job goes on
 }
 
 

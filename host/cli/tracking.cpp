@@ -25,7 +25,10 @@ namespace {
 // atomically (rename), once: either the run's variables or NONE=<why>. Then one line on stdin
 // is the final status; end of file without one means the host died, and the run is KILLED.
 constexpr const char* kHelper = R"PY(
-import importlib.util, os, select, sys, time
+import importlib.util, os, select, signal, sys, time
+# Slurm's warning before the time limit reaches every process of the step: it is for the ranks.
+for _sig in (signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(_sig, signal.SIG_IGN)
 path, name, nprocs, defer = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 def publish(text):
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -58,8 +61,14 @@ try:
     if parent:
         tags["mlflow.parentRunId"] = parent
     client = MlflowClient()
-    run_id = client.create_run(exp_id, tags=tags, run_name=os.path.basename(name)).info.run_id
-    client.log_param(run_id, "num_accelerators", nprocs)
+    resume = os.environ.pop("AIRHOST_MLFLOW_RESUME", "")
+    if resume:  # a requeued job goes on in its run
+        run_id = resume
+        exp_id = client.get_run(run_id).info.experiment_id
+        client.update_run(run_id, status="RUNNING")
+    else:
+        run_id = client.create_run(exp_id, tags=tags, run_name=os.path.basename(name)).info.run_id
+        client.log_param(run_id, "num_accelerators", nprocs)
     uri = mlflow.get_tracking_uri()
 except Exception as e:
     publish("NONE=%s\n" % str(e).replace("\n", " "))
@@ -93,8 +102,9 @@ const char* status_of(Outcome outcome) {
 }  // namespace
 
 TrackingRun TrackingRun::start(const std::string& python, const std::string& run_name, int nprocs,
-                               const std::string& env_file) {
+                               const std::string& env_file, const std::string& resume_run_id) {
   TrackingRun run;
+  if (!resume_run_id.empty()) ::setenv("AIRHOST_MLFLOW_RESUME", resume_run_id.c_str(), 1);
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) < 0) return run;
   posix_spawn_file_actions_t actions;
@@ -109,6 +119,7 @@ TrackingRun TrackingRun::start(const std::string& python, const std::string& run
   pid_t pid = -1;
   const int rc = ::posix_spawnp(&pid, py.c_str(), &actions, nullptr, const_cast<char* const*>(argv.data()), environ);
   posix_spawn_file_actions_destroy(&actions);
+  ::unsetenv("AIRHOST_MLFLOW_RESUME");  // the helper's alone, not the ranks'
   ::close(pipefd[0]);
   if (rc != 0) {
     ::close(pipefd[1]);

@@ -29,8 +29,9 @@ class TrackingRun {
   TrackingRun() = default;
   // Starts the helper with `python` (the ranks' interpreter); `run_name` names the run.
   // Without mlflow there, the helper writes "NONE=..." and leaves.
+  // `resume_run_id`: go on in this run (a requeued job's) instead of creating one.
   static TrackingRun start(const std::string& python, const std::string& run_name, int nprocs,
-                           const std::string& env_file);
+                           const std::string& env_file, const std::string& resume_run_id = "");
   ~TrackingRun();
   TrackingRun(TrackingRun&& other) noexcept;
   TrackingRun& operator=(TrackingRun&& other) noexcept;

@@ -112,6 +112,11 @@ TEST_CASE("a run is cancelled when airhost cancel asked for it and it did not su
   CHECK(final_state(airhost::Outcome::failed, false) == "failed");
   CHECK(final_state(airhost::Outcome::succeeded, true) == "succeeded");  // it was done before the cancel
   CHECK(final_state(airhost::Outcome::timed_out, false) == "timed_out");
+  // After the scheduler's warning: stopped for the job's time, however the ranks left.
+  CHECK(final_state(airhost::Outcome::failed, false, true) == "preempted");
+  CHECK(final_state(airhost::Outcome::interrupted, false, true) == "preempted");
+  CHECK(final_state(airhost::Outcome::succeeded, false, true) == "succeeded");
+  CHECK(final_state(airhost::Outcome::failed, true, true) == "cancelled");
 }
 
 TEST_CASE("a running record whose host is gone is lost, one on another host unknown, a live one running") {

@@ -69,3 +69,36 @@ TEST_CASE("a [slurm] key that does not exist, or a value of the wrong kind, is o
   CHECK_THROWS_AS(parse_config("[slurm]\npartition = \"\"\n", "airhost.toml"), ConfigError);
   CHECK_THROWS_AS(parse_config("[slurm]\nextra = [\"--a\\n--b\"]\n", "airhost.toml"), ConfigError);
 }
+
+TEST_CASE("the warning before the time limit: USR1@90 by default, chosen, or off; --requeue and its variable") {
+  BatchJob job;
+  job.run_id = "r";
+  job.runs_root = "/shared/runs";
+  job.run_dir = "/shared/runs/r";
+  job.working_dir = "/w";
+  job.airhost = "/bin/airhost";
+  job.launch = {"train.py"};
+  const std::string plain = render_batch_script(job);
+  CHECK(plain.find("#SBATCH --signal=USR1@90\n") != std::string::npos);
+  CHECK(plain.find("#SBATCH --open-mode=append\n") != std::string::npos);  // a requeued job's output goes on
+  CHECK(plain.find("--requeue") == std::string::npos);
+  CHECK(plain.find("AIRHOST_REQUEUE") == std::string::npos);
+
+  job.slurm = parse_config("[slurm]\nsignal = \"USR2@300\"\nrequeue = true\n", "airhost.toml").slurm;
+  const std::string chosen = render_batch_script(job);
+  CHECK(chosen.find("#SBATCH --signal=USR2@300\n") != std::string::npos);
+  CHECK(chosen.find("#SBATCH --requeue\n") != std::string::npos);
+  CHECK(chosen.find("export AIRHOST_REQUEUE=1") != std::string::npos);
+  CHECK(chosen.rfind("#SBATCH") < chosen.find("set -euo pipefail"));
+
+  job.slurm = parse_config("[slurm]\nsignal = \"off\"\n", "airhost.toml").slurm;
+  CHECK(render_batch_script(job).find("--signal") == std::string::npos);
+
+  CHECK_THROWS_WITH_AS(parse_config("[slurm]\nsignal = \"TERM@90\"\n", "airhost.toml"),
+                       "airhost.toml:2:10: slurm.signal takes USR1 or USR2, '@' and the seconds before the time limit, "
+                       "or off; got 'TERM@90'; e.g. USR1@90 (airhost passes SIGUSR1 and SIGUSR2 to every rank)",
+                       ConfigError);
+  CHECK_THROWS_AS(checked_warning_signal("USR1", "--signal"), ConfigError);
+  CHECK_THROWS_AS(checked_warning_signal("USR1@0", "--signal"), ConfigError);
+  CHECK(checked_warning_signal("USR1@120", "--signal") == "USR1@120");
+}

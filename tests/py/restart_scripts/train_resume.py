@@ -9,7 +9,7 @@ end with exactly the parameters of an uninterrupted one.
 --stall-at S: on the first attempt, rank 1 (--stall-rank) writes <ckpt>/stalled (its pid) on
 reaching step S and waits there, for the test to SIGKILL it in the middle of training.
 
---wait-warning-at S: on the first attempt, every rank waits at step S (rank 0 writes
+--wait-warning-at S: in a run from scratch, every rank waits at step S (rank 0 writes
 <ckpt>/waiting) until the scheduler's warning comes (airhost.preemption_requested()), then
 checkpoints step S and raises airhost.Preempted, as a loop does before its time limit. With
 it, the loop asks at every step.
@@ -75,7 +75,7 @@ def main():
 
     for step in range(start, a.steps):
         if a.wait_warning_at >= 0:
-            if step == a.wait_warning_at and attempt == 0:
+            if step == a.wait_warning_at and ckpt is None:  # a run from scratch, not a resumed one
                 if rank == 0:
                     open(os.path.join(a.ckpt, "waiting"), "w").close()
                 while not airhost.preemption_requested():
