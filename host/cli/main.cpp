@@ -278,6 +278,19 @@ int run_main(int argc, char** argv) {
     std::fprintf(stderr, "airhost: preflight passed (%zu GPU(s), interpreter imports torch)\n", spec.devices.size());
   }
   g_submitted.ready();
+  // A job submitted to Slurm finds the run directory that `airhost submit` made, unless the
+  // runs root is not on a file system this node sees: said here (slurm-JOBID.out, if Slurm
+  // could write it), and on the submitting node by `airhost runs`.
+  if (!g_submitted.run_id.empty() && !getenv_or("SLURM_JOB_ID", "").empty() && !opts.settings.run_dir &&
+      !std::filesystem::is_directory(default_runs_root() + "/" + g_submitted.run_id)) {
+    char host[256] = "";
+    ::gethostname(host, sizeof host - 1);
+    std::fprintf(stderr, "airhost: run %s: its directory %s/%s, made by airhost submit, is not on this node (%s); the runs "
+                 "root must be on a file system every node of the job sees: set AIRHOST_RUNS_DIR to one (NFS, Lustre, "
+                 "...) and submit again\n", g_submitted.run_id.c_str(), default_runs_root().c_str(),
+                 g_submitted.run_id.c_str(), host);
+    return to_int(ExitCode::usage);
+  }
 
   // The MLflow run is made beside the ranks' start (tracking.hpp); the ranks learn of it
   // through a file in the run directory, which must therefore be known now.

@@ -184,9 +184,19 @@ void settle(RunRecord& r) {
     r = std::move(again);
     return;
   }
+  const bool never_started = r.state == "pending" || r.state == "requeued";
   r.state = "lost";
-  r.problem = "Slurm job " + r.scheduler_job_id + " has ended without airhost recording how the run ended (see " +
-              r.dir + "/slurm-" + r.scheduler_job_id + ".out)";
+  const std::string output = r.dir + "/slurm-" + r.scheduler_job_id + ".out";
+  struct stat st{};
+  if (never_started && ::stat(output.c_str(), &st) != 0)
+    // Nothing of the job reached the run directory: its nodes could not see it, or it failed
+    // before its batch script ran.
+    r.problem = "Slurm job " + r.scheduler_job_id + " has ended, and no airhost of it started here: no " + output +
+                " either. Is the runs root on a file system the compute nodes see (AIRHOST_RUNS_DIR)? sacct -j " +
+                r.scheduler_job_id + " says how the job ended";
+  else
+    r.problem = "Slurm job " + r.scheduler_job_id + " has ended without airhost recording how the run ended (see " +
+                output + ")";
 }
 
 std::vector<RunRecord> list_runs(const std::string& root) {

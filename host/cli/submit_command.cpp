@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/statfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -166,6 +167,22 @@ std::vector<std::string> stage_payload(const std::vector<std::string>& launch, c
     }
   }
   return out;
+}
+
+// A Slurm job's run directory is read and written by every node of it. A runs root in memory
+// (tmpfs: /dev/shm, a /tmp mounted so) is this node's alone: refused before anything is
+// submitted. (A local disk cannot be told from a shared one; the nodes check at start.)
+void refuse_node_local_runs_root(const std::string& root) {
+  std::filesystem::path p = root;
+  std::error_code ec;
+  while (!p.empty() && !std::filesystem::exists(p, ec)) p = p.parent_path();
+  struct statfs fs{};
+  if (p.empty() || ::statfs(p.c_str(), &fs) != 0) return;
+  constexpr long kTmpfs = 0x01021994, kRamfs = 0x858458f6;
+  if (static_cast<long>(fs.f_type) == kTmpfs || static_cast<long>(fs.f_type) == kRamfs)
+    throw ConfigError("the runs root " + root + " is in memory (tmpfs) on this node, which the job's nodes do not see; "
+                      "a Slurm job keeps its run there for every node: set AIRHOST_RUNS_DIR to a shared file system "
+                      "(NFS, Lustre, ...) and submit again");
 }
 
 volatile sig_atomic_t g_stop_watching = 0;
@@ -367,6 +384,7 @@ int submit_slurm(const SubmitOptions& o, const HostOptions& launch) {
   BatchJob job;
   job.run_id = make_run_id();
   job.runs_root = default_runs_root();
+  refuse_node_local_runs_root(job.runs_root);
   job.run_dir = job.runs_root + "/" + job.run_id;
   job.working_dir = current_directory();
   job.airhost = executable_path();

@@ -127,3 +127,15 @@ def test_the_target_is_slurm_where_sbatch_is_on_path_and_local_elsewhere(runs, t
     (runs.cwd / "airhost.toml").write_text('[slurm]\npartitoin = "gpu"\n')
     typo = runs("submit", "--dry-run", script("hello.py"), env={"PATH": str(fake)})
     assert typo.returncode == 2 and "airhost.toml:2:1: unknown key 'slurm.partitoin'" in typo.stderr
+
+
+def test_a_node_of_a_slurm_job_that_cannot_see_the_run_directory_says_so_and_starts_nothing(airhost):
+    """What each node's airhost of a submitted Slurm job checks first. The job's environment
+    (SLURM_JOB_ID and the run id its batch script exports) is set by hand here: a node that
+    cannot see the runs root cannot be made with the test's Slurm, whose nodes share this
+    machine's file system."""
+    env = {"SLURM_JOB_ID": "4242", "AIRHOST_SUBMIT_RUN_ID": "20261205-000000-abcdef"}
+    run = airhost(script("hello.py"), "-n", "1", env=env)
+    run.assert_rc(2)
+    assert "its directory" in run.err and "is not on this node" in run.err and "AIRHOST_RUNS_DIR" in run.err, run.err
+    assert "hello from rank" not in run.out

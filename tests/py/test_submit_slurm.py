@@ -203,3 +203,18 @@ def test_a_job_warned_of_its_time_checkpoints_is_requeued_and_ends_as_an_uninter
         return runs and runs[0].info.status == "FINISHED" and runs
     [run] = wait_for(finished, 60, "the MLflow run to finish", interval=0.5)
     assert f"MLFLOW_RUN_ID={run.info.run_id}\n" in (submit.root / run_id / "tracking.env").read_text()
+
+
+def test_a_runs_root_only_this_node_sees_is_refused_before_anything_is_submitted(slurm, submit):  # noqa: F811
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as shm:
+        submit.env["AIRHOST_RUNS_DIR"] = str(Path(shm) / "runs")
+        done = submit("submit", "--to", "slurm", "--nodes", 2, script("hello.py"))
+        assert done.returncode == 2, done.stderr
+        [line] = done.stderr.splitlines()
+        assert "is in memory (tmpfs) on this node" in line and "AIRHOST_RUNS_DIR" in line, line
+        assert not (Path(shm) / "runs").exists() or not any((Path(shm) / "runs").iterdir())
+    queued = subprocess.run(["squeue", "-h"], env=submit.env, capture_output=True, text=True)
+    assert queued.stdout.strip() == "", queued.stdout
