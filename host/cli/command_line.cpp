@@ -483,8 +483,8 @@ std::string usage_text() {
        airhost [flags] -m MODULE[:FUNCTION] [flags] [-- script args]
        airhost doctor [--json]
        airhost warm start [--preload M,M] | stop | status
-       airhost submit [--to local|slurm] [--watch] [--dry-run] [--nodes N] [slurm flags] LAUNCH
-       airhost runs [--json] | runs show ID
+       airhost submit [--to local|slurm] [--watch] [--dry-run] [--nodes N] [--requeue] [slurm flags] LAUNCH
+       airhost runs [--json] | runs show ID [--json]
        airhost logs ID [--node K] [--rank R] [--follow] [--tail N]
        airhost cancel ID
 
@@ -497,6 +497,8 @@ Targets:
   train.py:main         import the file and call main() on every rank
   -m pkg.train          run the module as __main__ (like python -m pkg.train)
   -m pkg.train:main     import the module and call main()
+  --pickled FILE        call a cloudpickled function, as the Python API writes it (its jobs:
+                        fn.job(...).submit() runs airhost submit --pickled)
   Everything after the first `--` is passed to the script as sys.argv[1:]; flags may
   come before or after the target.
 
