@@ -218,3 +218,27 @@ def test_a_runs_root_only_this_node_sees_is_refused_before_anything_is_submitted
         assert not (Path(shm) / "runs").exists() or not any((Path(shm) / "runs").iterdir())
     queued = subprocess.run(["squeue", "-h"], env=submit.env, capture_output=True, text=True)
     assert queued.stdout.strip() == "", queued.stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_main_example_on_two_nodes_by_two_ranks_is_one_job_with_every_rank_s_result(slurm, submit):  # noqa: F811
+    """examples/mlp_ddp.py (DDP over gloo) as the README's two-node job: watched to exit 0,
+    listed succeeded, every rank's return value kept in the one run directory."""
+    import pickle
+    from pathlib import Path
+
+    nodes = min(2, len(slurm.nodes))
+    example = str(Path(__file__).resolve().parents[2] / "examples" / "mlp_ddp.py")
+    done = submit("submit", "--nodes", nodes, "--watch", example + ":main", "-n", "2", timeout=280)
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_id = done.stdout.splitlines()[0]
+    assert "epoch 5/5" in done.stdout, done.stdout
+    [listed] = submit.listed()
+    assert (listed["run_id"], listed["state"], listed["nnodes"], listed["nprocs"]) == (run_id, "succeeded", nodes, 2)
+    last = 2 * nodes - 1
+    logs = submit("logs", "latest", "--node", nodes - 1, "--rank", last)
+    assert logs.returncode == 0, logs.stderr
+    node_dir = submit.root / run_id / (f"node-{nodes - 1}" if nodes > 1 else "")
+    losses = [pickle.loads((d / "results" / f"rank-{r}.pkl").read_bytes())
+              for r, d in ((r, submit.root / run_id if r < 2 else node_dir) for r in range(2 * nodes))]
+    assert len(set(losses)) == 1 and losses[0] < 0.05, losses  # one model, converged
