@@ -52,18 +52,23 @@ std::string render_batch_script(const BatchJob& job) {
     << "export AIRHOST_RUNS_DIR=" << shell_quote(job.runs_root) << "\n"
     << "export " << kSubmitRunIdVar << "=" << shell_quote(job.run_id) << "\n";
   if (s.requeue.value_or(false)) o << "export AIRHOST_REQUEUE=1  # node 0 requeues the job when it stops after the warning\n";
-  if (job.nodes > 1) {
-    // A fresh secret for this job, handed by srun to every node's airhost: node 0 admits only
-    // this job's nodes (docs/multinode.md, "The join token").
-    o << "AIRHOST_JOIN_TOKEN=\"$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n')\"\n"
-      << "export AIRHOST_JOIN_TOKEN\n";
-  }
   // --kill-on-bad-exit=1: a node whose airhost fails ends the others at once rather than
   // leaving them in a collective. --cpus-per-task again: Slurm 22.05 to 23.02 do not let a
   // step inherit it.
   o << "srun --ntasks-per-node=1 --kill-on-bad-exit=1"
     << (s.cpus_per_task ? " --cpus-per-task=\"$SLURM_CPUS_PER_TASK\"" : "") << " \\\n  " << shell_quote(job.airhost);
-  for (const auto& a : job.launch) o << " " << shell_quote(a);
+  // The job's secret, made by submit (docs/multinode.md, "The join token"): node 0 admits only
+  // this job's nodes. Given before the script's arguments, and only if the launch names none.
+  bool token_given = job.join_token_file.empty();
+  for (const auto& a : job.launch) {
+    if (a == "--" && !token_given) {
+      o << " '--join-token-file' " << shell_quote(job.join_token_file);
+      token_given = true;
+    }
+    if (a == "--join-token-file" || a.rfind("--join-token-file=", 0) == 0) token_given = true;
+    o << " " << shell_quote(a);
+  }
+  if (!token_given) o << " '--join-token-file' " << shell_quote(job.join_token_file);
   o << "\n";
   return o.str();
 }

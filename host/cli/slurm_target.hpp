@@ -20,6 +20,8 @@ struct BatchJob {
   std::vector<std::string> launch;     // what a launch takes, as typed after `airhost submit`
   int nodes = 1;
   SlurmSettings slurm;
+  std::string join_token_file;         // several nodes: the job's secret (mode 0600, in run_dir), handed
+                                       // to every node's airhost as --join-token-file; empty: none
 };
 
 // The script, with every value shell-quoted; pure (doctested).

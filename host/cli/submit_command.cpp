@@ -31,6 +31,7 @@
 #include "cli/commands.hpp"
 #include "cli/run_records.hpp"
 #include "cli/slurm_target.hpp"
+#include "launch/link_auth.hpp"
 #include "launch/run_dir.hpp"
 
 namespace airhost::detail {
@@ -407,6 +408,12 @@ int submit_slurm(const SubmitOptions& o, const HostOptions& launch) {
   const std::string script_path = job.run_dir + "/slurm.sbatch";
   try {
     job.launch = stage_payload(o.launch, launch, job.run_dir);
+    if (job.nodes > 1 && !launch.settings.join_token_file) {
+      // A fresh secret for this job, readable by this user only, beside its run (requeued,
+      // the job joins with it again).
+      job.join_token_file = job.run_dir + "/join.token";
+      write_file_atomic(job.join_token_file, fresh_nonce() + "\n");
+    }
   } catch (const ConfigError&) {
     std::error_code ec;
     std::filesystem::remove_all(job.run_dir, ec);

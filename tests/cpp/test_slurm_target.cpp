@@ -19,6 +19,7 @@ TEST_CASE("the batch script runs one airhost per node with every [slurm] setting
   job.airhost = "/opt/venv/bin/airhost";
   job.launch = {"train.py", "-n", "8", "--", "--lr", "0.1 0.2"};
   job.nodes = 2;
+  job.join_token_file = "/shared/runs/20261205-010203-abcdef/join.token";
   job.slurm = parse_config("[slurm]\npartition = \"gpu\"\ntime = \"24:00:00\"\ngpus_per_node = 8\ncpus_per_task = 64\n"
                            "mem = \"256G\"\nconstraint = \"h100\"\naccount = \"ml\"\nqos = \"high\"\nextra = [\"--exclusive\"]\n",
                            "airhost.toml")
@@ -31,18 +32,28 @@ TEST_CASE("the batch script runs one airhost per node with every [slurm] setting
                            "#SBATCH --time=24:00:00\n", "#SBATCH --gpus-per-node=8\n", "#SBATCH --cpus-per-task=64\n",
                            "#SBATCH --mem=256G\n", "#SBATCH --constraint=h100\n", "#SBATCH --exclusive\n",
                            "cd '/home/me/it'\\''s here'\n", "export AIRHOST_RUNS_DIR='/shared/runs'\n",
-                           "export AIRHOST_SUBMIT_RUN_ID='20261205-010203-abcdef'\n", "export AIRHOST_JOIN_TOKEN\n",
+                           "export AIRHOST_SUBMIT_RUN_ID='20261205-010203-abcdef'\n",
                            "srun --ntasks-per-node=1 --kill-on-bad-exit=1 --cpus-per-task=\"$SLURM_CPUS_PER_TASK\" \\\n"
-                           "  '/opt/venv/bin/airhost' 'train.py' '-n' '8' '--' '--lr' '0.1 0.2'\n"})
+                           "  '/opt/venv/bin/airhost' 'train.py' '-n' '8' '--join-token-file' "
+                           "'/shared/runs/20261205-010203-abcdef/join.token' '--' '--lr' '0.1 0.2'\n"})
     CHECK_MESSAGE(s.find(line) != std::string::npos, line);
   // Every #SBATCH line comes before the first command: sbatch reads no further.
   CHECK(s.rfind("#SBATCH") < s.find("set -euo pipefail"));
 
+  // A launch without script arguments gets the token file at its end; one that names its own
+  // token file keeps it.
+  job.launch = {"train.py"};
+  CHECK(render_batch_script(job).find("'train.py' '--join-token-file' '/shared/runs/") != std::string::npos);
+  job.launch = {"train.py", "--join-token-file", "/secrets/t"};
+  CHECK(render_batch_script(job).find("join.token") == std::string::npos);
+
+  job.launch = {"train.py", "-n", "8", "--", "--lr", "0.1 0.2"};
   job.nodes = 1;
+  job.join_token_file.clear();
   job.slurm = {};
   const std::string plain = render_batch_script(job);
   CHECK(plain.find("--partition") == std::string::npos);
-  CHECK(plain.find("AIRHOST_JOIN_TOKEN") == std::string::npos);  // one node joins no one
+  CHECK(plain.find("join-token") == std::string::npos);  // one node joins no one
   CHECK(plain.find("srun --ntasks-per-node=1 --kill-on-bad-exit=1 \\\n") != std::string::npos);
 }
 

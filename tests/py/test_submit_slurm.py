@@ -59,6 +59,13 @@ def test_a_job_on_every_node_is_watched_to_its_end_listed_and_read_per_node_and_
     assert logs.returncode == 0, logs.stderr
     assert logs.stdout.startswith(f"hello from rank {last} of {world}\n"), logs.stdout
     assert (submit.root / run_id / "slurm.sbatch").is_file()
+    if nodes > 1:
+        # The job's own join token, made by submit beside its run, this user's alone.
+        token = submit.root / run_id / "join.token"
+        assert token.stat().st_mode & 0o777 == 0o600 and len(token.read_text().strip()) == 64
+        output = (submit.root / run_id / f"slurm-{listed['scheduler_job_id']}.out").read_text()
+        assert "(its join token checked)" in output, output
+        assert token.read_text().strip() not in output
 
 
 def test_a_running_job_is_cancelled_with_nothing_of_it_left(slurm, submit):  # noqa: F811
