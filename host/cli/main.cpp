@@ -312,7 +312,13 @@ int run_main(int argc, char** argv) {
     // One MLflow run per job: node 0's host makes it, in the run's directory that every node
     // of a submitted job sees; the ranks here bind it as node 0's do (tracking.hpp).
     spec.env.try_emplace("AIRHOST_MLFLOW_PENDING", default_runs_root() + "/" + g_submitted.run_id + "/tracking.env");
+  } else if (track && spec.nnodes > 1 && spec.node_rank > 0) {
+    // Several nodes, each with a run directory of its own: node 0's link sends its MLflow run
+    // here (LaunchSpec::node_shared_file), where the ranks bind it.
+    spec.node_shared_file = "tracking.env";
+    spec.env.try_emplace("AIRHOST_MLFLOW_PENDING", spec.run_dir + "/tracking.env");
   } else if (track) {
+    if (spec.nnodes > 1) spec.node_shared_file = "tracking.env";
     // The experiment of the run: --experiment or the config's, over MLFLOW_EXPERIMENT_NAME.
     if (opts.settings.experiment) ::setenv("MLFLOW_EXPERIMENT_NAME", opts.settings.experiment->c_str(), 1);
     // A pickled function is named by its payload file (train.pkl: the Python API's job of train).

@@ -358,6 +358,7 @@ RunReport Launcher::run() {
     config.join_token = !spec.join_token.empty() ? spec.join_token : detail::getenv_or("AIRHOST_JOIN_TOKEN", "");
     if (spec.timeout.count() > 0) config.join_timeout = std::min(config.join_timeout, std::chrono::milliseconds(spec.timeout));
     config.say = [&out](const std::string& line) { out.say(line); };
+    if (!spec.node_shared_file.empty()) config.shared_file = spec.run_dir + "/" + spec.node_shared_file;
     try {
       link = detail::NodeLink::join(config, [this] {
         std::lock_guard lock(impl_->mutex);

@@ -32,6 +32,11 @@ struct NodeLinkConfig {
   // The job's join token (link_auth.hpp): node 0 admits only nodes that prove they hold it,
   // and a node joins only a node 0 that proves it too. Empty: the join is open, as before.
   std::string join_token;
+  // Node 0: a file it sends to every node once it exists (looked for every heartbeat), once;
+  // the other nodes: where what node 0 sent is written (atomically). The CLI's MLflow run of a
+  // several-node launch (tracking.env), made on node 0 and bound by every node's ranks. At most
+  // 16 KiB. Empty: none.
+  std::string shared_file;
 };
 
 // A node did not join within join_timeout (or node 0 never answered): exit 138, node_lost.

@@ -37,6 +37,7 @@ enum class LinkKind : std::uint16_t {
   stopped = 10,   // node → node 0: its ranks of a failed attempt are stopped; fields attempt, restart ("1": it may start again)
   restart = 11,   // node 0 → node: every node starts its ranks again; field attempt (the new one)
   final = 12,     // node 0 → node: no restart after that failed attempt; field attempt
+  file = 13,      // node 0 → node: NodeLinkConfig::shared_file, once it exists; field text
 };
 
 // No link frame is anywhere near this (the largest is a down report with one sentence): a

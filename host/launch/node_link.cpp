@@ -16,6 +16,9 @@
 #include <system_error>
 #include <thread>
 
+#include "base/unique_fd.hpp"
+#include "launch/run_dir.hpp"
+
 namespace airhost::detail {
 namespace {
 
@@ -25,6 +28,9 @@ using std::chrono::milliseconds;
 // When the link is destroyed: how long this node's last frames (its report, node 0's "end")
 // may take to leave, all connections together, before the connections close anyway.
 constexpr auto kLastWords = std::chrono::seconds(1);
+
+// NodeLinkConfig::shared_file's largest size (a frame is at most kMaxLinkFrame).
+constexpr std::size_t kMaxSharedFile = 16 * 1024;
 
 // The link's thread wakes at least every second (its poll's longest wait): a longer gap
 // between two of its turns means the whole process was stopped, not only the host's loop.
@@ -87,6 +93,34 @@ struct NodeLink::Impl {
   // the loop's thread, read by the link's.
   std::atomic<std::int64_t> loop_turned{0};
   bool loop_stuck = false;  // the link's thread alone: this node said its loop is stuck
+  bool file_sent = false;   // the link's thread alone, node 0: shared_file went to every node
+
+  // Node 0: sends shared_file to every node once it exists.
+  void send_shared_file() {
+    if (file_sent || cfg.node_rank != 0 || cfg.shared_file.empty()) return;
+    UniqueFd fd(::open(cfg.shared_file.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return;  // not yet
+    std::string text;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd.get(), buf, sizeof buf)) > 0 && text.size() < kMaxSharedFile)
+      text.append(buf, static_cast<std::size_t>(n));
+    file_sent = true;
+    if (text.size() > kMaxSharedFile) return;
+    const std::string f = link_frame(LinkKind::file, {{"text", text}});
+    for (auto& p : peers)
+      if (!is_gone(p)) send_to(p, f);
+  }
+
+  // Another node: what node 0 sent is written where this node's shared_file is.
+  void take_shared_file(const std::string& text) {
+    if (cfg.node_rank == 0 || cfg.shared_file.empty()) return;
+    try {
+      write_file_atomic(cfg.shared_file, text);
+    } catch (const std::exception& e) {
+      if (cfg.say) cfg.say("cannot write " + cfg.shared_file + " as node 0 sent it: " + e.what());
+    }
+  }
   Clock::time_point last_watched = Clock::now(), loop_silent_since{};  // the link's thread alone
 
   bool hub() const { return cfg.node_rank == 0; }
@@ -251,6 +285,9 @@ struct NodeLink::Impl {
         group.decide(to_int(decode_fields(f.payload)["attempt"], 0), false);
         break;
       }
+      case LinkKind::file:
+        take_shared_file(decode_fields(f.payload)["text"]);
+        break;
       default:
         break;  // heartbeats (hearing anything is what counts), and kinds of a later version
     }
@@ -328,6 +365,7 @@ struct NodeLink::Impl {
       auto now = Clock::now();
       watch_loop(now);
       if (now >= next_beat) {
+        send_shared_file();
         // A node whose loop is stuck beats no more: the beats say its ranks are watched.
         if (!loop_stuck)
           for (auto& p : peers)

@@ -25,6 +25,8 @@
 //            tells every node to start again, as the next attempt, or that the job ends.
 //            Every node thus restarts together, with the same attempt number, as torchrun's
 //            agents do after their rendezvous.
+//   file     node 0 sends NodeLinkConfig::shared_file to every node once it exists (the MLflow
+//            run its host made), and each node writes it where its own run directory has it.
 //
 // The link is four files, one per concern: link_wire (frames, the hello, a buffered
 // non-blocking connection), link_join (the join, refusals, the nodes' checks), link_group (the

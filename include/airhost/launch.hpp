@@ -68,6 +68,10 @@ struct LaunchSpec {
   int max_restarts = 0;                   // after a rank fails, stop the group and start it again
                                           // (TORCHELASTIC_RESTART_COUNT=1, 2, ...) up to this many
                                           // times; a timeout or an interrupt is never restarted
+  std::string node_shared_file;           // several nodes: a file name in the run directory that node 0's
+                                          // host sends to every other node once it exists, where it is
+                                          // written under the same name (the CLI's MLflow run,
+                                          // tracking.env); empty: none
   int restart_offset = 0;                 // restarts of the job before this launch (a requeued Slurm
                                           // job: SLURM_RESTART_COUNT); added to TORCHELASTIC_RESTART_COUNT
                                           // and RunReport::restarts, not counted against max_restarts

@@ -23,6 +23,7 @@
 #include "airhost/launcher.hpp"
 #include "launch/frames.hpp"
 #include "launch/node_link.hpp"
+#include "launch/run_dir.hpp"
 
 #include "support.hpp"
 
@@ -426,4 +427,29 @@ TEST_CASE("the link's thread blocks the host's signals, so SIGINT, SIGTERM and S
   REQUIRE(::pthread_sigmask(SIG_BLOCK, nullptr, &mine) == 0);
   CHECK_FALSE(sigismember(&mine, SIGINT));
   CHECK_FALSE(sigismember(&mine, SIGTERM));
+}
+
+TEST_CASE("node 0 sends its shared file to every node once it exists, where it is written whole") {
+  const airhost_test::TempDir tmp;
+  const std::string dir = tmp.path();
+  const int port = free_port();
+  auto c0 = config(0, 2, 1, port);
+  auto c1 = config(1, 2, 1, port);
+  c0.shared_file = dir + "/node0-tracking.env";
+  c1.shared_file = dir + "/node1-tracking.env";
+  auto zero_join = std::async(std::launch::async, [&] { return NodeLink::join(c0, {}); });
+  auto one = NodeLink::join(c1, {});
+  auto zero = zero_join.get();
+  Downs at_zero, at_one;
+  zero->start(at_zero.callback());
+  one->start(at_one.callback());
+  std::this_thread::sleep_for(400ms);  // a few heartbeats: no file yet, nothing sent
+  CHECK(::access(c1.shared_file.c_str(), F_OK) != 0);
+  write_file_atomic(c0.shared_file, "MLFLOW_RUN_ID=abc\nMLFLOW_TRACKING_URI=sqlite:///x.db\n");
+  REQUIRE(eventually([&] { return ::access(c1.shared_file.c_str(), F_OK) == 0; }));
+  std::ifstream in(c1.shared_file);
+  const std::string got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(got == "MLFLOW_RUN_ID=abc\nMLFLOW_TRACKING_URI=sqlite:///x.db\n");
+  CHECK(at_zero.get().empty());
+  CHECK(at_one.get().empty());
 }

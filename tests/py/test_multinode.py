@@ -300,3 +300,30 @@ def test_a_join_token_file_readable_by_others_is_refused_before_anything_starts(
                   str(free_port()), "--join-token-file", str(token))
     run.assert_rc(2)
     assert f"the join token file {token} can be read by other users; chmod 600 it" in run.err, run.err
+
+
+@pytest.mark.timeout(180)
+def test_two_nodes_are_one_mlflow_run_that_every_rank_logs_into(airhost, tmp_path):
+    """Node 0's host makes the MLflow run; its link sends the run to node 1, whose ranks bind
+    it: one run holds the metrics of the ranks of both nodes (real MLflow, sqlite store)."""
+    mlflow = pytest.importorskip("mlflow")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.tracking.MlflowClient()
+    client.search_experiments()  # the store exists, as a user's does
+    logger = airhost.work / "log.py"
+    logger.write_text("import os, mlflow\nrank = int(os.environ['RANK'])\n"
+                      "for step in range(10):\n    mlflow.log_metric(f'loss_{rank}', 1.0 / (step + 1), step=step)\n")
+    env = {"AIRHOST_TRACKING": "1", "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "two-nodes"}
+    port = free_port()
+    started = [airhost.start(str(logger), "-n", "1", "--nnodes", "2", "--node-rank", str(k), "--master-addr",
+                             "127.0.0.1", "--master-port", str(port), *COMMON, env=env) for k in (0, 1)]
+    r1, r0 = started[1].finish(timeout=150), started[0].finish(timeout=150)
+    r0.assert_rc(0)
+    r1.assert_rc(0)
+    [run] = client.search_runs([client.get_experiment_by_name("two-nodes").experiment_id])
+    assert run.info.status == "FINISHED"
+    for rank in range(2):
+        assert len(client.get_metric_history(run.info.run_id, f"loss_{rank}")) == 10, rank
+    assert f"MLFLOW_RUN_ID={run.info.run_id}\n" in (r1.run_dir / "tracking.env").read_text()
+    assert "MLflow" not in r1.err  # node 1 made no run of its own
