@@ -484,7 +484,8 @@ std::string usage_text() {
        airhost doctor [--json]
        airhost warm start [--preload M,M] | stop | status
        airhost submit [--to local|slurm] [--watch] [--dry-run] [--nodes N] [--requeue] [slurm flags] LAUNCH
-       airhost runs [--json] | runs show ID [--json]
+       airhost runs [--json] | runs show ID [--json] | runs keep ID [--undo]
+       airhost runs prune [--older-than 7d] [--keep N] [--max-size 20G] [--dry-run]
        airhost logs ID [--node K] [--rank R] [--follow] [--tail N]
        airhost cancel ID
 

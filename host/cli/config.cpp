@@ -21,6 +21,8 @@
 #define TOML_EXCEPTIONS 1
 #include <toml++/toml.h>
 
+#include "cli/retention.hpp"
+
 namespace airhost::detail {
 
 void Settings::merge(const Settings& over) {
@@ -43,6 +45,7 @@ void Settings::merge(const Settings& over) {
   take(preflight, over.preflight);
   take(tracking, over.tracking);
   take(experiment, over.experiment);
+  take(retention, over.retention);
   take(preload, over.preload);
   take(warm, over.warm);
   take(prefix, over.prefix);
@@ -258,6 +261,8 @@ constexpr KeyDoc kTopKeys[] = {
     {"preflight", "a boolean", "preflight = true"},
     {"tracking", "a boolean", "tracking = false"},
     {"experiment", "a string (an MLflow experiment name)", "experiment = \"llama-sft\""},
+    {"retention", "\"off\", or older_than, keep and max_size (any of them)",
+     "retention = \"older_than=30d,keep=1000,max_size=20G\""},
     {"preload", "an array of module names", "preload = [\"torch\", \"numpy\"]"},
     {"warm", "a boolean", "warm = false"},
     {"output", "a table", "a section [output] holding prefix = true"},
@@ -427,6 +432,15 @@ class ConfigReader {
       s.preflight = boolean(node, name, doc);
     } else if (name == "tracking") {
       s.tracking = boolean(node, name, doc);
+    } else if (name == "retention") {
+      const auto* text = node.as_string();
+      if (!text) bad_type(node, name, doc);
+      try {
+        parse_retention(text->get(), "retention");
+      } catch (const ConfigError& e) {
+        fail(node.source(), e.what());
+      }
+      s.retention = text->get();
     } else if (name == "experiment") {
       const auto* text = node.as_string();
       if (!text || text->get().empty()) bad_type(node, name, doc);

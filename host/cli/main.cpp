@@ -18,6 +18,7 @@
 #include "cli/cluster_env.hpp"
 #include "cli/command_line.hpp"
 #include "cli/commands.hpp"
+#include "cli/retention.hpp"
 #include "cli/tracking.hpp"
 #include "gpu/accelerators.hpp"
 #include "launch/run_dir.hpp"
@@ -377,6 +378,15 @@ int run_main(int argc, char** argv) {
     std::fprintf(stderr, "airhost: %.1f MiB of the ranks' output was not shown: the reader of this output did not "
                  "keep up (every byte is in the logs: %s/logs)\n", static_cast<double>(report.unshown_bytes) / (1 << 20),
                  report.run_dir.c_str());
+  }
+  // Run directories do not pile up: the retention policy, now that this run has ended
+  // (retention.hpp; never a live run, a kept one, or one under --run-dir).
+  if (!opts.settings.run_dir && job_node == 0) {
+    try {
+      prune_runs(default_runs_root(), launch_retention(opts.settings.retention), false);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "airhost: pruning old runs: %s\n", e.what());
+    }
   }
   return requeued ? 0 : report.exit_code;  // a requeued job goes on
 }

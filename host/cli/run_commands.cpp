@@ -20,6 +20,7 @@
 #include "base/errors.hpp"
 #include "base/util.hpp"
 #include "cli/commands.hpp"
+#include "cli/retention.hpp"
 #include "cli/run_records.hpp"
 #include "launch/run_dir.hpp"
 #include "launch/run_report.hpp"
@@ -150,6 +151,8 @@ int show_run(const RunRecord& r, bool json) {
 }
 
 int runs_command(const std::vector<std::string>& args) {
+  if (!args.empty() && args[0] == "prune") return runs_prune_command({args.begin() + 1, args.end()});
+  if (!args.empty() && args[0] == "keep") return runs_keep_command({args.begin() + 1, args.end()});
   bool json = false;
   std::vector<std::string> words;
   for (const auto& a : args) {
@@ -163,7 +166,8 @@ int runs_command(const std::vector<std::string>& args) {
     return 0;
   }
   if (words[0] != "show")
-    return one_line_error("airhost runs takes show ID (or nothing), got '" + words[0] + "'; e.g. airhost runs show latest");
+    return one_line_error("airhost runs takes show ID, prune or keep ID (or nothing), got '" + words[0] +
+                          "'; e.g. airhost runs show latest");
   if (words.size() != 2) return one_line_error("airhost runs show takes one run id, e.g. airhost runs show latest");
   return show_run(find_run(runs, words[1]), json);
 }

@@ -475,6 +475,7 @@ class _Launch:
             return _results_or_raise(report, self.opts)
         finally:
             _ensure_warm_server()
+            _prune_old_runs()
             if self.lease:
                 self.lease.release()
             # The ranks have read it; a captured gigabyte must not stay in the runs directory.
@@ -483,6 +484,34 @@ class _Launch:
                     os.unlink(self.payload_path)
                 except OSError:
                     pass
+
+
+# ---- retention ------------------------------------------------------------------------
+#
+# Run directories do not pile up: after a call, `airhost runs prune` applies the retention
+# policy (AIRHOST_RETENTION, else 30 days, 1000 runs, 20 GiB; never a live or kept run) in a
+# process of its own, not waited for, at most once a minute per process (a sweep of thousands
+# of calls lists the runs root once a minute, not once a call).
+
+PRUNE_EVERY = 60.0
+_last_prune = [float("-inf")]
+
+
+def _prune_old_runs() -> None:
+    import subprocess
+    import time
+
+    if os.environ.get("AIRHOST_RETENTION") == "off" or time.monotonic() - _last_prune[0] < PRUNE_EVERY:
+        return
+    _last_prune[0] = time.monotonic()
+    exe = os.path.join(os.path.dirname(_rank_binary()), "airhost") if _rank_binary() else shutil.which("airhost")
+    if not exe or not os.access(exe, os.X_OK):
+        return
+    try:
+        subprocess.Popen([exe, "runs", "prune"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        pass  # pruning is housekeeping, never a reason to fail a call
 
 
 def _signal_name(sig: int) -> str:
