@@ -112,6 +112,7 @@ py::dict report_to_dict(const RunReport& r) {
   d["wall_seconds"] = r.wall_seconds;
   d["restarts"] = r.restarts;
   d["failed_attempts"] = r.failed_attempts;
+  d["incomplete_logs"] = r.incomplete_logs;
   d["warm"] = r.warm;
   d["start_mode"] = r.start_mode;
   py::list ranks;

@@ -373,6 +373,10 @@ int run_main(int argc, char** argv) {
   } else {
     std::fputs(failure_summary(report).c_str(), stderr);
   }
+  if (!report.incomplete_logs.empty()) {
+    std::fprintf(stderr, "airhost: the logs of this run are incomplete: %zu log(s) stopped early (a full disk? a quota?), "
+                 "named above and in run.json; the console got every line\n", report.incomplete_logs.size());
+  }
   if (report.unshown_bytes) {
     // Said last, once the reader is back: the run did not wait for it (console_writer.hpp).
     std::fprintf(stderr, "airhost: %.1f MiB of the ranks' output was not shown: the reader of this output did not "

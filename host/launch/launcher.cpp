@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +31,24 @@ const char* version() noexcept { return AIRHOST_VERSION; }
 namespace {
 
 using detail::is_executable;
+
+// Space set aside as the run starts for the record written as it ends: logs that fill the disk
+// (a rank's flood on a small file system) must not leave the run without its verdict. Freed
+// right before run.json is replaced.
+constexpr const char* kRecordReserve = ".run.json.reserve";
+constexpr off_t kRecordReserveBytes = 256 * 1024;
+
+void reserve_record_space(const std::string& run_dir) {
+  const std::string path = run_dir + "/" + kRecordReserve;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return;
+  if (::posix_fallocate(fd, 0, kRecordReserveBytes) != 0) {
+    // A file system without fallocate: blocks written out hold the space as well.
+    const std::string zeros(64 * 1024, '\0');
+    for (off_t done = 0; done < kRecordReserveBytes && ::write(fd, zeros.data(), zeros.size()) > 0;) done += 64 * 1024;
+  }
+  ::close(fd);
+}
 
 bool is_file(const std::string& path) {
   struct stat st{};
@@ -339,6 +358,7 @@ RunReport Launcher::run() {
   const double started = detail::now_seconds();
   try {
     detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json_started(spec, started));
+    reserve_record_space(spec.run_dir);
   } catch (const std::system_error& e) {
     throw LaunchError(std::string(e.what()) + "; choose another with --run-dir or AIRHOST_RUNS_DIR");
   }
@@ -413,6 +433,7 @@ RunReport Launcher::run() {
   // One Supervisor per attempt: a failed attempt is over (every rank reaped, every pipe
   // drained) before the next one starts, with the same run directory, port and logs.
   std::vector<std::string> failed_attempts;
+  std::vector<std::string> incomplete_logs;  // of every attempt
   RunReport report;
   bool warm = !spec.warm_socket.empty();
   std::string start_mode;
@@ -460,6 +481,7 @@ RunReport Launcher::run() {
       if (!impl_->pending_abort.empty() && impl_->pending_abort_attempt == attempt) supervisor.abort(impl_->pending_abort);
     }
     report = supervisor.run();
+    incomplete_logs.insert(incomplete_logs.end(), report.incomplete_logs.begin(), report.incomplete_logs.end());
     if (link) link->unwatch_loop();  // the wait for the other nodes is not a stuck loop
     // Only a rank's failure is worth another try: a timeout, Ctrl-C or cancel() is the caller
     // saying stop, and so is a cancel() that arrived while this attempt ended. On several
@@ -522,6 +544,7 @@ RunReport Launcher::run() {
   report.warm = warm;
   report.start_mode = start_mode;
   report.failed_attempts = std::move(failed_attempts);
+  report.incomplete_logs = std::move(incomplete_logs);
   report.wall_seconds = detail::now_seconds() - started;
   if (attempt > 0 && report.ok())
     report.message += " after " + std::to_string(attempt) + " restart" + (attempt > 1 ? "s" : "");
@@ -529,6 +552,7 @@ RunReport Launcher::run() {
     report.message += " (no restart left: the group was restarted " + std::to_string(attempt) +
                       " time" + (attempt > 1 ? "s" : "") + ", the most max_restarts allows)";
   try {
+    ::unlink((spec.run_dir + "/" + kRecordReserve).c_str());  // its space is the record's now
     detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json(report, spec, started));
   } catch (const std::system_error& e) {
     out.say(e.what());  // the run itself is over; say so and go on

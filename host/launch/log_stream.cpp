@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <system_error>
 
 #include "base/util.hpp"
@@ -191,9 +192,31 @@ RankStream::~RankStream() {
 }
 
 void RankStream::feed(std::string_view bytes, std::uint64_t now_ms) {
-  write_all(log_fd_, bytes);
+  if (log_failure_.empty()) {
+    std::size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(log_fd_, bytes.data() + done, bytes.size() - done);
+      if (n > 0) {
+        done += static_cast<std::size_t>(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else {
+        const int err = n < 0 ? errno : ENOSPC;
+        log_failure_ = "its log " + log_path_ + " stops at byte " + std::to_string(logged_ + done) + ": " +
+                       std::strerror(err) + "; the console still gets every line";
+        break;
+      }
+    }
+    logged_ += done;
+  }
   if (on_line_) lines_.feed(bytes, [this](std::string_view line, bool) { on_line_(line); });
   live_.feed(bytes, now_ms, on_show_);
+}
+
+std::string RankStream::take_log_failure() {
+  if (log_failure_.empty() || log_failure_taken_) return {};
+  log_failure_taken_ = true;
+  return log_failure_;
 }
 
 void RankStream::show_line(std::string_view line) {

@@ -169,10 +169,17 @@ class RankStream {
   void show_line(std::string_view line);
   void finish();
   const std::string& log_path() const noexcept { return log_path_; }
+  // Once, after the log could not be written (a full disk, a quota, an I/O error): one
+  // sentence naming the file, the byte where it stops and why; empty otherwise. The log takes
+  // nothing more; the console still gets every byte.
+  std::string take_log_failure();
 
  private:
   std::string log_path_;
   int log_fd_ = -1;
+  std::uint64_t logged_ = 0;        // bytes of this stream in the log so far
+  std::string log_failure_;         // why the log stopped, when it did
+  bool log_failure_taken_ = false;
   LineSplitter lines_;
   LiveSplitter live_;
   OnLine on_line_;

@@ -66,9 +66,14 @@ void write_file_atomic(const std::string& path, const std::string& data) {
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) throw std::system_error(errno, std::generic_category(), "cannot write " + path);
   bool ok = write_all(fd, data);
-  ok = (::close(fd) == 0) && ok;
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) < 0)
-    throw std::system_error(errno, std::generic_category(), "cannot write " + path);
+  int err = ok ? 0 : errno;
+  if (::close(fd) != 0 && ok) ok = false, err = errno;
+  if (ok && ::rename(tmp.c_str(), path.c_str()) < 0) ok = false, err = errno;
+  if (!ok) {
+    // A full disk, a quota: the previous file stays whole, and no half-written .tmp is left.
+    ::unlink(tmp.c_str());
+    throw std::system_error(err, std::generic_category(), "cannot write " + path);
+  }
 }
 
 void write_file_atomic(const std::string& path, const std::function<void(int fd)>& write) {

@@ -251,6 +251,9 @@ std::string run_json(const RunReport& report, const LaunchSpec& spec, double sta
     << ",\n  \"root_cause\": " << report.root_cause << ",\n  \"message\": " << q(report.message)
     << ",\n  \"wall_seconds\": " << number(report.wall_seconds) << ",\n  \"restarts\": " << report.restarts
     << ",\n  \"warning_signal\": " << (report.warning_signal ? q(signal_name(report.warning_signal)) : "null")
+    << ",\n  \"incomplete_logs\": [";
+  for (std::size_t i = 0; i < report.incomplete_logs.size(); ++i) o << (i ? ", " : "") << q(report.incomplete_logs[i]);
+  o << "]"
     << ",\n  \"failed_attempts\": [";
   for (std::size_t i = 0; i < report.failed_attempts.size(); ++i) o << (i ? ", " : "") << q(report.failed_attempts[i]);
   o << "]";

@@ -135,6 +135,7 @@ struct Supervisor::Impl {
   struct sigaction saved_actions[kSignalCount]{};  // what the signals did before the run: put back after it
   int signal_count = 0;
   int warning_signal = 0;  // the last SIGUSR1/SIGUSR2 passed to the ranks
+  std::vector<std::string> incomplete_logs;  // logs that stopped early, and why
 
   // cancel() and abort() come from other threads, through `async`.
   uv_async_t async{};
@@ -333,8 +334,14 @@ struct Supervisor::Impl {
     Rank& r = *c.rank;
     if (nread > 0) {
       std::string_view bytes(buf->base, static_cast<std::size_t>(nread));
-      if (c.which == 1) r.out_stream->feed(bytes, uv_now(&loop));
-      else if (c.which == 2) r.err_stream->feed(bytes, uv_now(&loop));
+      if (c.which == 1 || c.which == 2) {
+        RankStream& stream = c.which == 1 ? *r.out_stream : *r.err_stream;
+        stream.feed(bytes, uv_now(&loop));
+        if (const std::string failed = stream.take_log_failure(); !failed.empty()) {
+          incomplete_logs.push_back("rank " + std::to_string(r.report.rank) + ": " + failed);
+          note(r, failed);
+        }
+      }
       flush_output();
       arm_output_timer();
       return;
@@ -717,6 +724,7 @@ struct Supervisor::Impl {
     rep.wall_seconds = now_seconds() - start_time;
     rep.interrupt_signal = cause.interrupt_signal;
     rep.warning_signal = warning_signal;
+    rep.incomplete_logs = incomplete_logs;
     std::vector<bool> signalled;
     for (auto& r : ranks) {
       rep.ranks.push_back(r->report);

@@ -134,6 +134,7 @@ struct RunReport {
   std::vector<std::string> failed_attempts;  // the message of each attempt that was restarted
   bool warm = false;                 // the ranks were forked by a warm server
   std::string start_mode;            // one line: "warm start (...)" or "cold start (why not warm)"
+  std::vector<std::string> incomplete_logs;  // each log that stops early (a full disk, a quota), and why
   std::uint64_t unshown_bytes = 0;   // rank output the host's stdout/stderr reader did not take in
                                      // time (skipped, never blocking the run); all of it is in the logs
 

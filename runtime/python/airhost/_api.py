@@ -468,6 +468,10 @@ class _Launch:
                 self.tracking.finish("FAILED")
                 raise DistributedError(f"airhost could not start the run: {report}")
             outcome = report["outcome"]
+            for line in report.get("incomplete_logs") or []:
+                # The cell got every line; the run directory did not (a full disk, a quota).
+                warnings.warn(f"the logs of run {report['run_id']} are incomplete: {line}", ResourceWarning,
+                              stacklevel=3)
             status = {"succeeded": "FINISHED", "interrupted": "KILLED"}.get(outcome, "FAILED")
             self.tracking.finish(status)
             if interrupted:
