@@ -35,9 +35,9 @@ def test_the_warning_reaches_every_rank_which_checkpoints_and_a_new_launch_resum
     assert stopped.run_json["warning_signal"] == "SIGUSR1"
     assert "SIGUSR1: the scheduler's warning that the job's time is nearly up; passed to 2 rank(s)" in stopped.err
     assert "stopped after the scheduler's warning (SIGUSR1)" in stopped.err and "Failed ranks:" not in stopped.err
-    # Each rank left by its own airhost.Preempted (or was stopped after the first did): none
-    # died of the signal itself.
-    assert all(r["signal_name"] in (None, "SIGTERM") for r in stopped.run_json["ranks"]), stopped.run_json["ranks"]
+    # Each rank left by its own airhost.Preempted (or was stopped after the first did; torch
+    # 2.13's gloo may abort a rank that exits with its group alive): none died of the signal.
+    assert all(r["signal_name"] != "SIGUSR1" for r in stopped.run_json["ranks"]), stopped.run_json["ranks"]
     assert any((r["error"] or {}).get("type") == "airhost.Preempted" for r in stopped.run_json["ranks"])
     assert (ckpt / "step-000017").is_dir()
 
