@@ -1,11 +1,60 @@
 // embed_demo — launch a Python function on 2 ranks from a C++ program with libairhost.
 //
-//   embed_demo path/to/train_fn.py [function] [ranks]
+//   embed_demo path/to/train_fn.py [function] [ranks] [times]
+//
+// With `times` above 1 it launches that many times in a row, quietly, and prints what the
+// process holds (memory, descriptors, threads, children) after launch 100 and after the last:
+// a program that launches for days must not grow (bench/callers.py).
 #include <airhost/airhost.hpp>
+#include <dirent.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <string>
+
+namespace {
+
+int count_entries(const char* dir) {
+  int n = 0;
+  if (DIR* d = ::opendir(dir)) {
+    while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+
+int children() {
+  int n = 0;
+  const std::string me = std::to_string(::getpid());
+  if (DIR* d = ::opendir("/proc")) {
+    while (const dirent* e = ::readdir(d)) {
+      std::ifstream stat(std::string("/proc/") + e->d_name + "/stat");
+      std::string line;
+      if (!std::getline(stat, line)) continue;
+      std::istringstream rest(line.substr(line.rfind(')') + 2));
+      std::string state, ppid;
+      rest >> state >> ppid;
+      n += ppid == me;
+    }
+    ::closedir(d);
+  }
+  return n;
+}
+
+void print_footprint(int launches) {
+  long pages = 0, rss = 0;
+  std::ifstream("/proc/self/statm") >> pages >> rss;
+  std::printf("embed_demo | after launch %d: rss_kb=%ld fds=%d threads=%d children=%d\n", launches,
+              rss * (::sysconf(_SC_PAGESIZE) / 1024), count_entries("/proc/self/fd") - 1, count_entries("/proc/self/task"),
+              children());
+  std::fflush(stdout);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
@@ -18,6 +67,7 @@ int main(int argc, char** argv) {
   spec.entry.function = argc > 2 ? argv[2] : "train";
   spec.entry.result_format = "json";  // plain text a C++ program can read
   spec.nprocs = argc > 3 ? std::stoi(argv[3]) : 2;
+  const int times = argc > 4 ? std::stoi(argv[4]) : 1;
   spec.timeout = std::chrono::seconds(120);
   spec.rank_binary = AIRHOST_RANK_BINARY;
   spec.output.forward = false;  // our own callback prints instead
@@ -35,6 +85,20 @@ int main(int argc, char** argv) {
     else std::printf("embed_demo | rank %d exited (code %d, signal %d)\n", e.rank, e.exit_code, e.term_signal);
   };
 
+  if (times > 1) {
+    // The same launch again and again, as a long-lived program does; nothing printed per launch.
+    callbacks = {};
+    for (int i = 1; i <= times; ++i) {
+      airhost::Launcher launcher(spec, callbacks);
+      const airhost::RunReport report = launcher.run();
+      if (!report.ok()) {
+        std::fprintf(stderr, "embed_demo: launch %d: %s\n", i, report.message.c_str());
+        return report.exit_code;
+      }
+      if (i == 100 || i == times) print_footprint(i);
+    }
+    return 0;
+  }
   airhost::Launcher launcher(spec, callbacks);
   airhost::RunReport report;
   try {

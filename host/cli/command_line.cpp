@@ -8,6 +8,8 @@
 #include <optional>
 #include <string_view>
 
+#include "cli/retention.hpp"
+
 namespace airhost::detail {
 
 namespace {
@@ -16,7 +18,7 @@ enum class FlagId {
   accelerators, timeout, grace, python, run_dir, master_addr, master_port, max_restarts,
   nnodes, node_rank, node_timeout, join_timeout, join_token_file,
   prefix, no_prefix, ranks, env, config, preflight, tracking, no_tracking, json, module, help, version,
-  preload, cold, print_env, pickled, experiment,
+  preload, cold, print_env, pickled, experiment, log_max_size,
 };
 
 struct FlagSpec {
@@ -50,6 +52,7 @@ const std::vector<FlagSpec>& flag_specs() {
       {FlagId::tracking, {"--tracking"}, false, ""},
       {FlagId::no_tracking, {"--no-tracking"}, false, ""},
       {FlagId::experiment, {"--experiment"}, true, "llama-sft"},
+      {FlagId::log_max_size, {"--log-max-size"}, true, "100M"},
       {FlagId::json, {"--json"}, false, ""},
       {FlagId::preload, {"--preload"}, true, "torch,numpy"},
       {FlagId::cold, {"--cold"}, false, ""},
@@ -311,6 +314,13 @@ class Parser {
       case FlagId::preflight: s.preflight = true; break;
       case FlagId::tracking: s.tracking = true; break;
       case FlagId::no_tracking: s.tracking = false; break;
+      case FlagId::log_max_size: {
+        const std::uint64_t bytes = parse_size(value, name);
+        if (bytes != 0 && bytes < 4096)
+          throw ConfigError(name + " must be 0 (no bound) or at least 4K, got '" + value + "'; e.g. " + name + " 100M");
+        s.log_max_bytes = bytes;
+        break;
+      }
       case FlagId::experiment:
         if (value.empty()) throw ConfigError(name + " must name an MLflow experiment; e.g. " + name + " " + spec.example);
         s.experiment = value;
@@ -562,6 +572,8 @@ Flags:
   --tracking            create it (the default; overrides tracking = false in a file)
   --experiment NAME     the MLflow experiment of that run (default: MLFLOW_EXPERIMENT_NAME,
                         else "airhost")
+  --log-max-size SIZE   bound each rank log (e.g. 100M): its first and last halves are kept,
+                        the middle cut and said so (default: no bound)
   --preflight           check the node (GPUs, interpreter) before starting any rank
                         (default: off)
   --preload M,M         modules the warm server imports before forking ranks; with a

@@ -46,6 +46,7 @@ void Settings::merge(const Settings& over) {
   take(tracking, over.tracking);
   take(experiment, over.experiment);
   take(retention, over.retention);
+  take(log_max_bytes, over.log_max_bytes);
   take(preload, over.preload);
   take(warm, over.warm);
   take(prefix, over.prefix);
@@ -261,6 +262,7 @@ constexpr KeyDoc kTopKeys[] = {
     {"preflight", "a boolean", "preflight = true"},
     {"tracking", "a boolean", "tracking = false"},
     {"experiment", "a string (an MLflow experiment name)", "experiment = \"llama-sft\""},
+    {"log_max_size", "a size such as \"100M\" (0: no bound)", "log_max_size = \"100M\""},
     {"retention", "\"off\", or older_than, keep and max_size (any of them)",
      "retention = \"older_than=30d,keep=1000,max_size=20G\""},
     {"preload", "an array of module names", "preload = [\"torch\", \"numpy\"]"},
@@ -432,6 +434,14 @@ class ConfigReader {
       s.preflight = boolean(node, name, doc);
     } else if (name == "tracking") {
       s.tracking = boolean(node, name, doc);
+    } else if (name == "log_max_size") {
+      const auto* text = node.as_string();
+      if (!text) bad_type(node, name, doc);
+      try {
+        s.log_max_bytes = parse_size(text->get(), "log_max_size");
+      } catch (const ConfigError& e) {
+        fail(node.source(), e.what());
+      }
     } else if (name == "retention") {
       const auto* text = node.as_string();
       if (!text) bad_type(node, name, doc);

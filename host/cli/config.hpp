@@ -56,6 +56,7 @@ struct Settings {
   std::optional<bool> preflight;
   std::optional<bool> tracking;                  // an MLflow run per launch, when mlflow is importable
   std::optional<std::string> experiment;         // its MLflow experiment (over MLFLOW_EXPERIMENT_NAME)
+  std::optional<std::uint64_t> log_max_bytes;    // bound of each rank log (0 = none)
   std::optional<std::string> retention;          // "off" or "older_than=30d,keep=1000,max_size=20G" (retention.hpp)
   std::optional<std::string> preload;            // warm server modules, "torch,numpy"; "auto" = torch if installed
   std::optional<bool> warm;                      // use a running warm server (default true)

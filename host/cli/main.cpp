@@ -126,6 +126,7 @@ LaunchSpec make_spec(const HostOptions& opts, ClusterResolution& cluster) {
     }
   }
   if (s.prefix) spec.output.prefix = *s.prefix;
+  if (s.log_max_bytes) spec.output.log_max_bytes = *s.log_max_bytes;
   if (s.ranks) spec.output.ranks = *s.ranks;
   // The terminal the ranks' output is shown on (stderr first: tqdm's default), else the
   // width the caller's COLUMNS gives: the ranks get it, less the prefix (rank_env.hpp).
@@ -373,6 +374,7 @@ int run_main(int argc, char** argv) {
   } else {
     std::fputs(failure_summary(report).c_str(), stderr);
   }
+  for (const auto& line : report.trimmed_logs) std::fprintf(stderr, "airhost: %s\n", line.c_str());
   if (!report.incomplete_logs.empty()) {
     std::fprintf(stderr, "airhost: the logs of this run are incomplete: %zu log(s) stopped early (a full disk? a quota?), "
                  "named above and in run.json; the console got every line\n", report.incomplete_logs.size());

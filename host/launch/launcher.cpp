@@ -433,7 +433,7 @@ RunReport Launcher::run() {
   // One Supervisor per attempt: a failed attempt is over (every rank reaped, every pipe
   // drained) before the next one starts, with the same run directory, port and logs.
   std::vector<std::string> failed_attempts;
-  std::vector<std::string> incomplete_logs;  // of every attempt
+  std::vector<std::string> incomplete_logs, trimmed_logs;  // of every attempt
   RunReport report;
   bool warm = !spec.warm_socket.empty();
   std::string start_mode;
@@ -482,6 +482,7 @@ RunReport Launcher::run() {
     }
     report = supervisor.run();
     incomplete_logs.insert(incomplete_logs.end(), report.incomplete_logs.begin(), report.incomplete_logs.end());
+    trimmed_logs.insert(trimmed_logs.end(), report.trimmed_logs.begin(), report.trimmed_logs.end());
     if (link) link->unwatch_loop();  // the wait for the other nodes is not a stuck loop
     // Only a rank's failure is worth another try: a timeout, Ctrl-C or cancel() is the caller
     // saying stop, and so is a cancel() that arrived while this attempt ended. On several
@@ -545,6 +546,7 @@ RunReport Launcher::run() {
   report.start_mode = start_mode;
   report.failed_attempts = std::move(failed_attempts);
   report.incomplete_logs = std::move(incomplete_logs);
+  report.trimmed_logs = std::move(trimmed_logs);
   report.wall_seconds = detail::now_seconds() - started;
   if (attempt > 0 && report.ok())
     report.message += " after " + std::to_string(attempt) + " restart" + (attempt > 1 ? "s" : "");

@@ -1,6 +1,7 @@
 #include "launch/log_stream.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,7 +9,9 @@
 #include <cstring>
 #include <system_error>
 
+#include "base/unique_fd.hpp"
 #include "base/util.hpp"
+#include "launch/run_dir.hpp"
 
 namespace airhost::detail {
 
@@ -177,21 +180,69 @@ void Console::end_open_lines() {
   }
 }
 
-RankStream::RankStream(std::string log_path, std::size_t max_line, std::uint64_t quiet_ms, OnLine on_line, OnShow on_show)
+RankStream::RankStream(std::string log_path, std::size_t max_line, std::uint64_t quiet_ms, OnLine on_line, OnShow on_show,
+                       std::uint64_t log_max_bytes)
     : log_path_(std::move(log_path)),
       lines_(max_line),
       live_(max_line, quiet_ms),
       on_line_(std::move(on_line)),
-      on_show_(std::move(on_show)) {
+      on_show_(std::move(on_show)),
+      max_bytes_(log_max_bytes) {
   log_fd_ = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (log_fd_ < 0) throw std::system_error(errno, std::generic_category(), "cannot open log " + log_path_);
+  struct stat st{};
+  if (::fstat(log_fd_, &st) == 0) logged_ = static_cast<std::uint64_t>(st.st_size);  // a restart's log goes on
 }
 
 RankStream::~RankStream() {
   if (log_fd_ >= 0) ::close(log_fd_);
+  if (tail_fd_ >= 0) ::close(tail_fd_);
 }
 
 void RankStream::feed(std::string_view bytes, std::uint64_t now_ms) {
+  if (max_bytes_ > 0 && log_failure_.empty()) {
+    const std::uint64_t head = max_bytes_ / 2;
+    const std::size_t fits = logged_ >= head ? 0 : static_cast<std::size_t>(std::min<std::uint64_t>(head - logged_, bytes.size()));
+    if (fits) write_log(bytes.substr(0, fits));
+    if (fits < bytes.size()) write_tail(bytes.substr(fits));
+  } else {
+    write_log(bytes);
+  }
+  if (on_line_) lines_.feed(bytes, [this](std::string_view line, bool) { on_line_(line); });
+  live_.feed(bytes, now_ms, on_show_);
+}
+
+void RankStream::write_tail(std::string_view bytes) {
+  const std::uint64_t chunk = std::max<std::uint64_t>(1, max_bytes_ / 4);
+  while (!bytes.empty() && log_failure_.empty()) {
+    if (tail_fd_ < 0 || tail_bytes_ >= chunk) {
+      if (tail_fd_ >= 0) {
+        ::close(tail_fd_);
+        tail_index_ ^= 1;
+      }
+      // The older tail goes: its bytes are the ones cut.
+      struct stat st{};
+      if (tail_used_[tail_index_] && ::stat(tail_path(tail_index_).c_str(), &st) == 0)
+        cut_bytes_ += static_cast<std::uint64_t>(st.st_size);
+      tail_fd_ = ::open(tail_path(tail_index_).c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      tail_used_[tail_index_] = true;
+      tail_bytes_ = 0;
+      if (tail_fd_ < 0) {
+        log_failure_ = "its log tail " + tail_path(tail_index_) + " cannot be written: " + std::strerror(errno);
+        return;
+      }
+    }
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk - tail_bytes_, bytes.size()));
+    if (!write_all(tail_fd_, bytes.substr(0, n))) {
+      log_failure_ = "its log tail " + tail_path(tail_index_) + " stops: " + std::strerror(errno);
+      return;
+    }
+    tail_bytes_ += n;
+    bytes.remove_prefix(n);
+  }
+}
+
+void RankStream::write_log(std::string_view bytes) {
   if (log_failure_.empty()) {
     std::size_t done = 0;
     while (done < bytes.size()) {
@@ -209,8 +260,6 @@ void RankStream::feed(std::string_view bytes, std::uint64_t now_ms) {
     }
     logged_ += done;
   }
-  if (on_line_) lines_.feed(bytes, [this](std::string_view line, bool) { on_line_(line); });
-  live_.feed(bytes, now_ms, on_show_);
 }
 
 std::string RankStream::take_log_failure() {
@@ -226,6 +275,26 @@ void RankStream::show_line(std::string_view line) {
 }
 
 void RankStream::finish() {
+  if (tail_fd_ >= 0) {
+    // The bounded log: its head, a line saying what was cut, then what the tails kept.
+    ::close(tail_fd_);
+    tail_fd_ = -1;
+    const int older = tail_index_ ^ 1;
+    if (cut_bytes_ > 0) {
+      trimmed_ = "its log " + log_path_ + " keeps its first " + std::to_string(max_bytes_ / 2) + " bytes and its last; " +
+                 std::to_string(cut_bytes_) + " bytes between were cut (log_max_size)";
+      write_log((ends_line(log_path_) ? "" : "\n") + std::string("----- airhost: ") + std::to_string(cut_bytes_) +
+                " bytes cut here (log_max_size keeps the first and the last of each log) -----\n");
+    }
+    for (int i : {older, tail_index_}) {
+      if (!tail_used_[i]) continue;
+      UniqueFd in(::open(tail_path(i).c_str(), O_RDONLY | O_CLOEXEC));
+      char buf[1 << 16];
+      ssize_t n;
+      while (in && (n = ::read(in.get(), buf, sizeof buf)) > 0) write_log(std::string_view(buf, static_cast<std::size_t>(n)));
+      ::unlink(tail_path(i).c_str());
+    }
+  }
   if (on_line_) lines_.finish([this](std::string_view line, bool) { on_line_(line); });
   live_.finish(on_show_);
 }

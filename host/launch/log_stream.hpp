@@ -156,7 +156,11 @@ class RankStream {
  public:
   using OnLine = std::function<void(std::string_view line)>;
   using OnShow = LiveSplitter::Emit;
-  RankStream(std::string log_path, std::size_t max_line, std::uint64_t quiet_ms, OnLine on_line, OnShow on_show);
+  // `log_max_bytes` > 0 bounds the log: its first half is written as it comes, the rest goes to
+  // two tail files of a quarter each, the older dropped as a new one starts, and finish()
+  // appends what is left of the tail after a line saying how much was cut.
+  RankStream(std::string log_path, std::size_t max_line, std::uint64_t quiet_ms, OnLine on_line, OnShow on_show,
+             std::uint64_t log_max_bytes = 0);
   ~RankStream();
   RankStream(const RankStream&) = delete;
   RankStream& operator=(const RankStream&) = delete;
@@ -173,6 +177,8 @@ class RankStream {
   // sentence naming the file, the byte where it stops and why; empty otherwise. The log takes
   // nothing more; the console still gets every byte.
   std::string take_log_failure();
+  // After finish(), with log_max_bytes: what was cut from the middle, one sentence; else empty.
+  const std::string& trimmed() const noexcept { return trimmed_; }
 
  private:
   std::string log_path_;
@@ -180,6 +186,18 @@ class RankStream {
   std::uint64_t logged_ = 0;        // bytes of this stream in the log so far
   std::string log_failure_;         // why the log stopped, when it did
   bool log_failure_taken_ = false;
+  // log_max_bytes: the tail files (path.tail0/.tail1), the one being written, its size, and the
+  // bytes dropped with older tails.
+  std::uint64_t max_bytes_ = 0;
+  int tail_fd_ = -1;
+  int tail_index_ = 0;
+  bool tail_used_[2] = {false, false};
+  std::uint64_t tail_bytes_ = 0;
+  std::uint64_t cut_bytes_ = 0;
+  std::string trimmed_;
+  void write_log(std::string_view bytes);
+  void write_tail(std::string_view bytes);
+  std::string tail_path(int index) const { return log_path_ + ".tail" + std::to_string(index); }
   LineSplitter lines_;
   LiveSplitter live_;
   OnLine on_line_;

@@ -253,6 +253,8 @@ std::string run_json(const RunReport& report, const LaunchSpec& spec, double sta
     << ",\n  \"warning_signal\": " << (report.warning_signal ? q(signal_name(report.warning_signal)) : "null")
     << ",\n  \"incomplete_logs\": [";
   for (std::size_t i = 0; i < report.incomplete_logs.size(); ++i) o << (i ? ", " : "") << q(report.incomplete_logs[i]);
+  o << "],\n  \"trimmed_logs\": [";
+  for (std::size_t i = 0; i < report.trimmed_logs.size(); ++i) o << (i ? ", " : "") << q(report.trimmed_logs[i]);
   o << "]"
     << ",\n  \"failed_attempts\": [";
   for (std::size_t i = 0; i < report.failed_attempts.size(); ++i) o << (i ? ", " : "") << q(report.failed_attempts[i]);

@@ -136,6 +136,7 @@ struct Supervisor::Impl {
   int signal_count = 0;
   int warning_signal = 0;  // the last SIGUSR1/SIGUSR2 passed to the ranks
   std::vector<std::string> incomplete_logs;  // logs that stopped early, and why
+  std::vector<std::string> trimmed_logs;     // logs whose middle log_max_bytes cut
 
   // cancel() and abort() come from other threads, through `async`.
   uv_async_t async{};
@@ -415,8 +416,11 @@ struct Supervisor::Impl {
       });
       return;
     }
-    if (c.which == 1) r.out_stream->finish();
-    if (c.which == 2) r.err_stream->finish();
+    if (c.which == 1 || c.which == 2) {
+      RankStream& stream = c.which == 1 ? *r.out_stream : *r.err_stream;
+      stream.finish();
+      if (!stream.trimmed().empty()) trimmed_logs.push_back("rank " + std::to_string(r.report.rank) + ": " + stream.trimmed());
+    }
     flush_output();
     uv_read_stop(reinterpret_cast<uv_stream_t*>(&c.pipe));
     uv_close(as_handle(&c.pipe), [](uv_handle_t* h) {
@@ -725,6 +729,7 @@ struct Supervisor::Impl {
     rep.interrupt_signal = cause.interrupt_signal;
     rep.warning_signal = warning_signal;
     rep.incomplete_logs = incomplete_logs;
+    rep.trimmed_logs = trimmed_logs;
     std::vector<bool> signalled;
     for (auto& r : ranks) {
       rep.ranks.push_back(r->report);
@@ -804,7 +809,8 @@ struct Supervisor::Impl {
         RankStream::OnLine lines;  // split into lines only for a caller that asks for them
         if (plan.callbacks->on_output) lines = [this, raw, stream](std::string_view l) { on_line(*raw, stream, l); };
         return std::make_unique<RankStream>(log, spec().output.max_line, kQuietMs, std::move(lines),
-                                            [this, raw, stream](const ConsoleEvent& e) { on_show(*raw, stream, e); });
+                                            [this, raw, stream](const ConsoleEvent& e) { on_show(*raw, stream, e); },
+                                            spec().output.log_max_bytes);
       };
       r->out_stream = make_stream(r->report.stdout_log, Stream::out);
       r->err_stream = make_stream(r->report.stderr_log, Stream::err);

@@ -40,6 +40,8 @@ struct OutputOptions {
   std::size_t max_line = 16u << 20;  // a partial line is held for its end up to this many bytes
   int terminal_columns = 0;    // the caller's terminal, where output is shown; 0 = not a terminal.
   int terminal_lines = 0;      //   Ranks get COLUMNS (less the prefix) and LINES from it (rank_env.hpp)
+  std::uint64_t log_max_bytes = 0;  // bound of each rank log: its first half and its last half are
+                                    // kept, the middle cut (said in the log and the report); 0 = none
 };
 
 // Everything a launch needs, fully resolved: no file is read and no default is guessed

@@ -135,6 +135,7 @@ struct RunReport {
   bool warm = false;                 // the ranks were forked by a warm server
   std::string start_mode;            // one line: "warm start (...)" or "cold start (why not warm)"
   std::vector<std::string> incomplete_logs;  // each log that stops early (a full disk, a quota), and why
+  std::vector<std::string> trimmed_logs;     // each log whose middle OutputOptions::log_max_bytes cut
   std::uint64_t unshown_bytes = 0;   // rank output the host's stdout/stderr reader did not take in
                                      // time (skipped, never blocking the run); all of it is in the logs
 

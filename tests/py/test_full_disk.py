@@ -50,3 +50,26 @@ def test_logs_that_fill_the_disk_are_named_the_run_goes_on_and_its_record_is_who
         path = line.split("its log ", 1)[1].split(" stops at byte ")[0]
         at = int(line.split(" stops at byte ")[1].split(":")[0])
         assert os.path.getsize(path) == at, line
+
+
+def test_log_max_size_keeps_the_head_and_the_tail_and_says_what_was_cut(airhost, tmp_path):
+    root = tmp_path / "runs"
+    lines = 2000
+    done = subprocess.run([airhost.binary, script("flood.py"), "-n", "2", "--log-max-size", "64K", "--", str(lines), "100"],
+                          cwd=airhost.work, env=airhost.env(root), capture_output=True, timeout=100)
+    err = done.stderr.decode()
+    assert done.returncode == 0, err[-2000:]
+    for rank in range(2):  # the console is not bounded
+        assert sum(line.startswith(f"[rank {rank}] {rank}:") for line in done.stdout.decode().splitlines()) == lines
+    [run_dir] = [p for p in root.iterdir() if p.is_dir()]
+    record = json.loads((run_dir / "run.json").read_text())
+    assert len(record["trimmed_logs"]) == 2 and record["state"] == "succeeded", record
+    for rank in range(2):
+        log = (run_dir / "logs" / f"rank-{rank}.stdout.log").read_bytes()
+        assert len(log) <= 64 * 1024 + 200, len(log)
+        text = log.decode()
+        assert text.startswith(f"{rank}:00000:") and text.endswith(f":{rank}:{lines - 1:05d}:end\n")
+        [mark] = [line for line in text.splitlines() if line.startswith("----- airhost: ")]
+        cut = int(mark.split()[2])
+        assert cut > 0 and f"rank {rank}: its log" in err and f"{cut} bytes between were cut" in err
+    assert not list((run_dir / "logs").glob("*.tail*"))
