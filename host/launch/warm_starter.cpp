@@ -142,6 +142,11 @@ class WarmStarter final : public RankStarter {
           Child& c = children_[pid];
           c.on_exit = std::move(on_exit);
           c.stderr_fd = ::fcntl(req.stderr_fd, F_DUPFD_CLOEXEC, 3);
+          // What came in the same read (a quick rank's EXITED right behind its STARTED) is
+          // out of the socket already: the loop's poll would never see it again.
+          bool more = false;
+          while (auto next = decoder_.next()) pending_.push_back(std::move(*next)), more = true;
+          if (more) uv_timer_start(&drain_, [](uv_timer_t* t) { static_cast<WarmStarter*>(t->data)->dispatch(); }, 0, 0);
           return pid;
         }
         if (kind == WarmKind::start_failed)
