@@ -389,7 +389,14 @@ int run_main(int argc, char** argv) {
   // (retention.hpp; never a live run, a kept one, or one under --run-dir).
   if (!opts.settings.run_dir && job_node == 0) {
     try {
-      prune_runs(default_runs_root(), launch_retention(opts.settings.retention), false);
+      const auto removed = prune_runs(default_runs_root(), launch_retention(opts.settings.retention), false);
+      if (!removed.empty()) {
+        std::uint64_t freed = 0;
+        for (const auto& v : removed) freed += v.bytes;
+        std::fprintf(stderr, "airhost: pruned %zu old run(s) of %s, %s freed (%s; airhost runs keep ID spares a run, "
+                     "AIRHOST_RETENTION=off keeps them all)\n", removed.size(), default_runs_root().c_str(),
+                     bytes_text(static_cast<double>(freed)).c_str(), removed.front().why.c_str());
+      }
     } catch (const std::exception& e) {
       std::fprintf(stderr, "airhost: pruning old runs: %s\n", e.what());
     }

@@ -65,8 +65,11 @@ def test_prune_removes_what_the_bounds_say_and_never_a_live_or_kept_run(runs):
 
 
 def test_each_launch_applies_the_policy_when_it_ends(runs):
-    for _ in range(4):
+    for _ in range(3):
         launch(runs, env={"AIRHOST_RETENTION": "keep=2"})
+    done = runs(script("hello.py"), "-n", "1", env={"AIRHOST_RETENTION": "keep=2"})
+    assert done.returncode == 0 and "airhost: pruned 1 old run(s) of " in done.stderr, done.stderr
+    assert "beyond the newest 2 runs" in done.stderr and "AIRHOST_RETENTION=off" in done.stderr
     assert len(ids(runs)) == 2
     for _ in range(3):
         launch(runs, env={"AIRHOST_RETENTION": "off"})
