@@ -333,9 +333,7 @@ int cancel_slurm(const RunRecord& run) {
   double gone_since = 0;
   while (now_seconds() < deadline) {
     RunRecord now = read_run_record(run.dir);
-    std::string squeue;
-    run_capture("squeue -h -j " + shell_quote(run.scheduler_job_id) + " -o %T 2>/dev/null", squeue);
-    const bool queued = squeue.find_first_not_of(" \n") != std::string::npos;
+    const bool queued = slurm_job_active(run.scheduler_job_id).value_or(false);
     if (!queued && gone_since == 0) gone_since = now_seconds();
     // Slurm is done with the job, but no host recorded the end: it never started (pending), or
     // Slurm's SIGKILL came before its host could write it. The record says it here.

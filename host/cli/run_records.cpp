@@ -156,6 +156,20 @@ void settle(RunRecord& r, const std::string& this_hostname,
   }
 }
 
+std::optional<bool> slurm_job_active(const std::string& job_id) {
+  std::string out;
+  if (run_capture("squeue -h -t all -j " + shell_quote(job_id) + " -o %T 2>/dev/null", out) != 0) return std::nullopt;
+  static const char* const kEnded[] = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL",
+                                       "DEADLINE", "OUT_OF_MEMORY", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"};
+  std::istringstream lines(out);
+  for (std::string state; lines >> state;) {
+    bool ended = false;
+    for (const char* e : kEnded) ended |= state.rfind(e, 0) == 0;
+    if (!ended) return true;  // PENDING, RUNNING, COMPLETING, REQUEUED, REQUEUE_HOLD, SUSPENDED, ...
+  }
+  return false;
+}
+
 void settle(RunRecord& r) {
   char hostname[256] = "";
   ::gethostname(hostname, sizeof hostname - 1);
@@ -169,9 +183,9 @@ void settle(RunRecord& r) {
       (r.state != "pending" && r.state != "requeued" && r.state != "unknown" && r.state != "running"))
     return;
   if (r.state == "unknown" && r.hostname.empty()) return;  // a run.json that does not parse
-  std::string out;
-  if (run_capture("squeue -h -j " + shell_quote(r.scheduler_job_id) + " -o %T 2>/dev/null", out) != 0) return;
-  if (out.find_first_not_of(" \n") != std::string::npos) {
+  const auto active = slurm_job_active(r.scheduler_job_id);
+  if (!active) return;
+  if (*active) {
     if (r.state == "unknown") {
       r.state = "running";  // on another node of the job, as Slurm says
       r.problem.clear();

@@ -70,7 +70,13 @@ void settle(RunRecord& r, const std::string& this_hostname,
 // The same, with this node's hostname and /proc.
 void settle(RunRecord& r);
 
-bool is_ended(const std::string& state);  // succeeded, failed, cancelled, ...: not running, starting, lost, unknown
+bool is_ended(const std::string& state);
+
+// Whether Slurm still has job `job_id` in hand (pending, running, completing, being requeued,
+// suspended...); false once it ended or is gone; nullopt when squeue cannot tell (no Slurm
+// here, no controller). squeue is asked for every state (-t all): a job in the middle of a
+// requeue is not in its default list.
+std::optional<bool> slurm_job_active(const std::string& job_id);  // succeeded, failed, cancelled, ...: not running, starting, lost, unknown
 
 // Every run directory under `root`, read and settled, newest first. A root that does not
 // exist holds no runs.

@@ -320,11 +320,7 @@ int submit_local(const SubmitOptions& o, const HostOptions& launch) {
 
 // The job's run.json, once node 0's host has written it; an ended (or lost) one ends the watch.
 // `queued`: whether Slurm still has the job (squeue), for a job that ends before airhost runs.
-bool slurm_job_queued(const std::string& job_id) {
-  std::string out;
-  if (run_capture("squeue -h -j " + shell_quote(job_id) + " -o %T 2>/dev/null", out) != 0) return false;
-  return out.find_first_not_of(" \n") != std::string::npos;
-}
+bool slurm_job_queued(const std::string& job_id) { return slurm_job_active(job_id).value_or(false); }
 
 int watch_slurm(const std::string& run_id, const std::string& run_dir, const std::string& job_id) {
   struct sigaction sa{};
