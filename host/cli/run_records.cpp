@@ -185,6 +185,12 @@ void settle(RunRecord& r) {
   if (r.state == "unknown" && r.hostname.empty()) return;  // a run.json that does not parse
   const auto active = slurm_job_active(r.scheduler_job_id);
   if (!active) return;
+  if (!*active && r.state == "requeued") {
+    // Slurm may show a job it is requeueing as ended for a moment; a requeue recorded in the
+    // last ten minutes is taken at its word (the job waits for its begin time meanwhile).
+    struct stat st{};
+    if (::stat((r.dir + "/run.json").c_str(), &st) == 0 && now_seconds() - static_cast<double>(st.st_mtime) < 600) return;
+  }
   if (*active) {
     if (r.state == "unknown") {
       r.state = "running";  // on another node of the job, as Slurm says

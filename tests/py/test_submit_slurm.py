@@ -185,8 +185,9 @@ def test_a_job_warned_of_its_time_checkpoints_is_requeued_and_ends_as_an_uninter
         if r["state"] == "requeued":
             # Slurm keeps a requeued job from starting for about two minutes (its begin time);
             # the test does not wait them out.
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=submit.env,
-                           capture_output=True, text=True)
+            # (and releases it, should Slurm have held it: REQUEUE_HOLD)
+            for command in (["scontrol", "update", f"JobId={job}", "StartTime=now"], ["scontrol", "release", job]):
+                subprocess.run(command, env=submit.env, capture_output=True, text=True)
         # (preempted is passed through: node 0 records it, then requeues the job)
         return r["state"] in ("succeeded", "failed", "cancelled", "lost") and r
 
