@@ -237,6 +237,37 @@ std::unique_ptr<detail::RankStarter> warm_starter(const LaunchSpec& spec, const 
 
 }  // namespace
 
+// Between two attempts of a several-node job no supervisor handles the host's signals, and the
+// wait there may be long (node 0 waits up to join_timeout for a lost node to come back): while
+// it lasts, SIGINT, SIGTERM and SIGHUP are noted here, so that the node withdraws and the run
+// ends by the contract (128 + the signal, its record written) instead of dying of the signal.
+namespace {
+volatile sig_atomic_t g_signal_between_attempts = 0;
+extern "C" void note_signal_between_attempts(int sig) { g_signal_between_attempts = sig; }
+
+class SignalsBetweenAttempts {
+ public:
+  explicit SignalsBetweenAttempts(bool handle) : handle_(handle) {
+    if (!handle_) return;
+    g_signal_between_attempts = 0;
+    struct sigaction sa {};
+    sa.sa_handler = note_signal_between_attempts;
+    sigemptyset(&sa.sa_mask);
+    for (std::size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &sa, &previous_[i]);
+  }
+  ~SignalsBetweenAttempts() {
+    if (!handle_) return;
+    for (std::size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &previous_[i], nullptr);
+  }
+  int caught() const { return handle_ ? static_cast<int>(g_signal_between_attempts) : 0; }
+
+ private:
+  static constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
+  bool handle_;
+  struct sigaction previous_[3] {};
+};
+}  // namespace
+
 // What is left of the run's timeout (0: no limit), for a wait that must not outlive it.
 static std::chrono::milliseconds time_left(const LaunchSpec& spec, double started) {
   if (spec.timeout.count() <= 0) return std::chrono::milliseconds(0);
@@ -437,7 +468,17 @@ RunReport Launcher::run() {
   RunReport report;
   bool warm = !spec.warm_socket.empty();
   std::string start_mode;
-  int attempt = 0;
+  // A node that came back to a job (its airhost was lost and started again) joins the group's
+  // next attempt, as every other node starts it.
+  int attempt = link ? link->attempt() : 0;
+  if (attempt > 0) {
+    const std::string mark = "----- airhost: this node came back to the job; restart " + std::to_string(attempt) +
+                             " of " + std::to_string(spec.max_restarts) + " -----\n";
+    for (int i = 0; i < spec.nprocs; ++i) {
+      const std::string log = spec.run_dir + "/logs/rank-" + std::to_string(spec.node_rank * spec.nprocs + i) + ".stderr.log";
+      if (is_file(log)) detail::append_file(log, (detail::ends_line(log) ? "" : "\n") + mark);
+    }
+  }
   if (spec.restart_offset > 0) {
     // A requeued job: its logs go on in the same files, from a line that says so.
     const std::string mark = "----- airhost: the job was requeued; restart " + std::to_string(spec.restart_offset) +
@@ -507,7 +548,24 @@ RunReport Launcher::run() {
         report.outcome = Outcome::node_lost;
         report.message = "run " + spec.run_id + ": " + down->message;
       }
-      if (!link->after_attempt(may_restart(), time_left(spec, started))) break;
+      SignalsBetweenAttempts signals(spec.handle_signals);
+      const bool again = link->after_attempt(may_restart(), time_left(spec, started), [&] {
+        std::lock_guard lock(impl_->mutex);
+        if (!impl_->pending_cancel && signals.caught()) impl_->pending_cancel = signals.caught();
+        return impl_->pending_cancel != 0;
+      });
+      {
+        std::lock_guard lock(impl_->mutex);
+        if (!again && impl_->pending_cancel && report.outcome != Outcome::interrupted) {
+          // Stopped while the nodes waited to restart: this node's ranks are all down already.
+          report.outcome = Outcome::interrupted;
+          report.interrupt_signal = impl_->pending_cancel;
+          report.exit_code = exit_code_for_signal(impl_->pending_cancel);
+          report.message = "run " + spec.run_id + ": interrupted by " + detail::signal_name(impl_->pending_cancel) +
+                           " while the nodes waited to restart (" + report.message + ")";
+        }
+      }
+      if (!again) break;
     } else if (!may_restart()) {
       break;
     }

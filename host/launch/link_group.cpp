@@ -34,6 +34,29 @@ void GroupState::report_stopped(int attempt, int node, bool want_restart) {
   Attempt& a = attempts_[attempt];
   a.stopped.insert(node);
   if (want_restart) a.want_restart.insert(node);
+  else a.want_restart.erase(node);  // a node that withdraws (interrupted while it waited)
+}
+
+void GroupState::came_back(int attempt, int node) {
+  gone_.erase(node);
+  report_stopped(attempt, node, true);  // a fresh airhost, with no rank running: it starts with the group
+}
+
+std::vector<int> GroupState::rejoin_wanted(int attempt) const {
+  const Attempt* a = find(attempt);
+  if (!hub() || !a || a->decision) return {};
+  std::vector<int> lost;
+  for (int n = 0; n < nnodes_; ++n) {
+    const bool wants = a->want_restart.count(n) > 0;
+    if (!gone(n)) {
+      if (!wants) return {};
+    } else if (a->stopped.count(n) && !wants) {
+      return {};  // it stopped for good, then left
+    } else {
+      lost.push_back(n);
+    }
+  }
+  return lost;
 }
 
 std::optional<bool> GroupState::decision(int attempt) const {
@@ -49,9 +72,13 @@ void GroupState::decide(int attempt, bool restart) {
 bool GroupState::should_decide(int attempt) const {
   const Attempt* a = find(attempt);
   if (!hub() || !a || a->decision || !a->stopped.count(self_)) return false;
+  // A node that stopped for good ends the job at once; else every node still here must have
+  // stopped (and said whether it wants a restart) before a lost one is waited for.
   for (int n = 1; n < nnodes_; ++n)
-    if (gone(n)) return true;
-  return static_cast<int>(a->stopped.size()) == nnodes_;
+    if (a->stopped.count(n) && !a->want_restart.count(n)) return true;
+  for (int n = 1; n < nnodes_; ++n)
+    if (!gone(n) && !a->stopped.count(n)) return false;
+  return true;
 }
 
 bool GroupState::restart_agreed(int attempt) const {

@@ -55,10 +55,18 @@ class GroupState {
   // What was decided after `attempt` failed: restart (true) or end (false); nullopt: not yet.
   std::optional<bool> decision(int attempt) const;
   void decide(int attempt, bool restart);
-  // Node 0 is to decide: every node stopped, or one is gone, and nothing was decided yet.
+  // Node 0 is to decide, nothing being decided yet: this node stopped, and every other node
+  // stopped or is gone, or one stopped for good (it wants no restart).
   bool should_decide(int attempt) const;
   // Node 0's verdict once it should decide: every node stopped and wants a restart, none gone.
   bool restart_agreed(int attempt) const;
+  // Node 0, once it should decide: the nodes that were lost in `attempt` (gone, without having
+  // stopped for good) when every other node wants a restart, so that the group may wait for
+  // them to come back; empty when nobody was lost, or someone does not want a restart.
+  std::vector<int> rejoin_wanted(int attempt) const;
+  // A node lost in `attempt` came back (node 0 admitted its new airhost): it has a connection
+  // anew, and starts the next attempt with the others.
+  void came_back(int attempt, int node);
   // `node`'s connection closed or the node was declared lost: nothing more comes from it.
   void connection_gone(int node);
 

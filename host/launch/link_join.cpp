@@ -28,6 +28,9 @@ using std::chrono::milliseconds;
 // An accepted connection must say hello within this, or it is dropped (a port scanner, a
 // stray client of a previous run's store).
 constexpr auto kHelloWait = std::chrono::seconds(10);
+// How long a node waits for node 0's first answer to its hello before it takes what it reached
+// for something else than node 0's airhost, and connects again.
+constexpr auto kAnswerWait = std::chrono::seconds(3);
 // How long a refusal may take to leave, all connections together, before node 0 gives up.
 constexpr auto kGoodbyeWait = std::chrono::seconds(1);
 
@@ -107,11 +110,90 @@ void accept_all(int l, std::vector<Pending>& pending) {
     const int fd = ::accept4(l, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;  // EAGAIN: none left; anything else: that client gave up, not ours to fix
     try {
-      pending.push_back({LinkConnection(fd), peer_address(sa), Clock::now()});
+      pending.push_back({LinkConnection(fd), peer_address(sa), Clock::now(), std::nullopt, {}, {}});
     } catch (const std::system_error&) {
       // The connection closed the descriptor; a node that loses its connection connects again.
     }
   }
+}
+
+std::string token_on_node_only(const NodeHello& h) {
+  return describe_node(h) + " was given a join token and node 0 was not; give every node the same "
+                            "AIRHOST_JOIN_TOKEN (or --join-token-file), or none";
+}
+
+// What a pending connection came to, once what it sent is read.
+enum class Arrival {
+  waiting,            // nothing whole yet, or its proof is awaited
+  admitted,           // p.hello holds who it is, checked against the token if there is one
+  dropped,            // refused (said here, and told to it) or not a node at all; p.conn may be closed
+  token_on_node_only, // it holds a token and node 0 none: p.hello says who
+};
+
+// Reads what `p` sent and takes the join one step on: a hello (with a token: challenged, and
+// answered with the proof node 0 expects), a proof. A stranger (no proof, a wrong or replayed
+// one, bytes that are not link frames, silence past kHelloWait) is dropped with one line here
+// naming where it came from, and the reason told to it, so the job goes on waiting for the
+// real node. On an open join a hello is answered at once (`heard`), so that a node that
+// reached something else on the port knows it.
+Arrival advance(const NodeLinkConfig& cfg, Pending& p) {
+  const bool auth = !cfg.join_token.empty();
+  auto refuse_stranger = [&](const std::string& why, const std::string& to_node) {
+    say(cfg, "refused a join from " + p.address + (p.hello ? " as node " + std::to_string(p.hello->node_rank) : "") +
+                 ": " + why);
+    refuse_one(p, to_node);
+    return Arrival::dropped;
+  };
+  const LinkIo got = p.conn.receive();
+  std::optional<Frame> f;
+  bool garbage = false;
+  try {
+    f = p.conn.next_frame();
+    if (f && !p.hello && f->kind == static_cast<std::uint16_t>(LinkKind::hello)) {
+      NodeHello h = decode_hello(f->payload);
+      h.address = p.address;
+      p.hello = h;
+      if (!auth && !h.nonce.empty()) return Arrival::token_on_node_only;
+      if (!auth) {
+        (void)p.conn.send(link_frame(LinkKind::heard));
+        return Arrival::admitted;
+      }
+      if (h.nonce.empty())
+        return refuse_stranger("it holds no join token (a node started without one, or not one of this job's)",
+                               "node 0 admits only nodes holding this job's join token; give this node the same "
+                               "AIRHOST_JOIN_TOKEN (or --join-token-file) as node 0");
+      p.hello_payload = f->payload;
+      p.hub_nonce = fresh_nonce();
+      (void)p.conn.send(link_frame(LinkKind::challenge,
+                                   {{"nonce", p.hub_nonce}, {"proof", hub_proof(cfg.join_token, h.nonce, p.hub_nonce)}}));
+      return Arrival::waiting;
+    }
+    if (f && p.hello && f->kind == static_cast<std::uint16_t>(LinkKind::proof)) {
+      const std::string expected = node_proof(cfg.join_token, p.hub_nonce, p.hello->nonce, p.hello_payload);
+      if (!same_digest(decode_fields(f->payload)["proof"], expected))
+        return refuse_stranger("its proof of the join token is wrong (another token, or a proof replayed from an "
+                               "earlier join)",
+                               "node 0 refused this node's join token: it is not node 0's; give every node the same "
+                               "AIRHOST_JOIN_TOKEN (or --join-token-file)");
+      return Arrival::admitted;
+    }
+  } catch (const FrameError&) {
+    garbage = true;
+  }
+  if (garbage || f) {  // bytes that are not link frames, or a frame out of turn
+    say(cfg, p.hello ? "refused a join from " + p.address + " as node " + std::to_string(p.hello->node_rank) +
+                           ": it sent something else than the proof of its join token"
+                     : "ignored a connection from " + p.address + ": it does not speak airhost's node link");
+    return Arrival::dropped;
+  }
+  if (got == LinkIo::closed || Clock::now() - p.since > kHelloWait) {
+    if (p.hello && got != LinkIo::closed)
+      say(cfg, "refused a join from " + p.address + " as node " + std::to_string(p.hello->node_rank) +
+                   ": no proof of its join token came within " +
+                   duration_text(std::chrono::duration_cast<milliseconds>(kHelloWait)));
+    return Arrival::dropped;
+  }
+  return Arrival::waiting;
 }
 
 // The nodes disagree: before node 0 gives up, the nodes still on their way (up to `missing`
@@ -186,6 +268,16 @@ int listen_on(int family, int port, std::string& error) {
   return fd;
 }
 
+NodeHello self_hello(const NodeLinkConfig& cfg) {
+  NodeHello self;
+  self.node_rank = cfg.node_rank;
+  self.nnodes = cfg.nnodes;
+  self.nprocs = cfg.nprocs;
+  self.max_restarts = cfg.max_restarts;
+  self.host = host_name();
+  return self;
+}
+
 JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const std::function<bool()>& cancelled) {
   std::string error;
   int l4 = listen_on(AF_INET, cfg.master_port, error);
@@ -226,13 +318,6 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
     }
     say(cfg, describe_node(h) + " joined" + (auth ? " (its join token checked)" : ""));
   };
-  // A connection that failed the token: one line here naming where it came from, the reason
-  // to the node itself; the job goes on waiting for the real node.
-  auto refuse_stranger = [&](Pending& p, const std::string& why, const std::string& to_node) {
-    say(cfg, "refused a join from " + p.address + (p.hello ? " as node " + std::to_string(p.hello->node_rank) : "") +
-                 ": " + why);
-    refuse_one(p, to_node);
-  };
   while (static_cast<int>(joined.size()) < cfg.nnodes - 1) {
     if (cancelled && cancelled()) refuse_all(joined, "node 0 was stopped while the nodes joined", true);
     if (Clock::now() >= deadline) {
@@ -265,79 +350,24 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
       }
       ++i;
     }
-    // Connections that have not said hello yet.
+    // Connections that have not said hello yet, or whose proof is awaited.
     for (std::size_t i = 0; i < pending.size();) {
       Pending& p = pending[i];
-      const LinkIo got = p.conn.receive();
-      std::optional<Frame> f;
-      bool garbage = false;
-      try {
-        f = p.conn.next_frame();
-        if (f && !p.hello && f->kind == static_cast<std::uint16_t>(LinkKind::hello)) {
-          NodeHello h = decode_hello(f->payload);
-          h.address = p.address;
-          if (!auth && !h.nonce.empty()) {
-            // One side was given a token and the other not: the job is set up wrong, not attacked.
-            std::vector<LinkPeer> all;
-            all.push_back({h, std::move(p.conn)});
-            pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-            for (auto& j : joined) all.push_back(std::move(j));
-            refuse_all(all, describe_node(h) + " was given a join token and node 0 was not; give every node the same "
-                                                "AIRHOST_JOIN_TOKEN (or --join-token-file), or none", false);
-          }
-          if (!auth) {
-            admit(h, std::move(p.conn));
-            pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-            continue;
-          }
-          p.hello = h;
-          if (h.nonce.empty()) {
-            refuse_stranger(p, "it holds no join token (a node started without one, or not one of this job's)",
-                            "node 0 admits only nodes holding this job's join token; give this node the same "
-                            "AIRHOST_JOIN_TOKEN (or --join-token-file) as node 0");
-            pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-            continue;
-          }
-          p.hello_payload = f->payload;
-          p.hub_nonce = fresh_nonce();
-          (void)p.conn.send(link_frame(LinkKind::challenge,
-                                       {{"nonce", p.hub_nonce}, {"proof", hub_proof(cfg.join_token, h.nonce, p.hub_nonce)}}));
-          ++i;
-          continue;
-        }
-        if (f && p.hello && f->kind == static_cast<std::uint16_t>(LinkKind::proof)) {
-          const std::string expected = node_proof(cfg.join_token, p.hub_nonce, p.hello->nonce, p.hello_payload);
-          if (!same_digest(decode_fields(f->payload)["proof"], expected)) {
-            refuse_stranger(p, "its proof of the join token is wrong (another token, or a proof replayed from an "
-                               "earlier join)",
-                            "node 0 refused this node's join token: it is not node 0's; give every node the same "
-                            "AIRHOST_JOIN_TOKEN (or --join-token-file)");
-            pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-            continue;
-          }
-          NodeHello h = *p.hello;
-          admit(h, std::move(p.conn));
-          pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-          continue;
-        }
-      } catch (const FrameError&) {
-        garbage = true;
-      }
-      if (garbage || f) {  // bytes that are not link frames, or a frame out of turn
-        say(cfg, p.hello ? "refused a join from " + p.address + " as node " + std::to_string(p.hello->node_rank) +
-                               ": it sent something else than the proof of its join token"
-                         : "ignored a connection from " + p.address + ": it does not speak airhost's node link");
-        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+      const Arrival got = advance(cfg, p);
+      if (got == Arrival::waiting) {
+        ++i;
         continue;
       }
-      if (got == LinkIo::closed || Clock::now() - p.since > kHelloWait) {
-        if (p.hello && got != LinkIo::closed)
-          say(cfg, "refused a join from " + p.address + " as node " + std::to_string(p.hello->node_rank) +
-                       ": no proof of its join token came within " + duration_text(std::chrono::duration_cast<milliseconds>(kHelloWait)));
+      if (got == Arrival::token_on_node_only) {
+        // One side was given a token and the other not: the job is set up wrong, not attacked.
+        std::vector<LinkPeer> all;
+        all.push_back({*p.hello, std::move(p.conn)});
         pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-        continue;
+        for (auto& j : joined) all.push_back(std::move(j));
+        refuse_all(all, token_on_node_only(all.front().node), false);
       }
-      ++i;
+      if (got == Arrival::admitted) admit(*p.hello, std::move(p.conn));
+      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
     }
   }
   JoinedGroup group;
@@ -446,7 +476,10 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
     }
     say(cfg, "connected to node 0 at " + where + "; waiting for every node to join");
     said_waiting = true;
-    // Node 0 answers once every node has joined.
+    // Node 0 answers a hello at once (a challenge, `heard`, a refusal), and welcomes the node
+    // once every node has joined. Silence means something else holds the port.
+    const auto hello_sent = Clock::now();
+    bool answered = false;
     for (bool again = false; !again;) {
       if (cancelled && cancelled()) throw NodeJoinError("stopped while waiting for every node to join at " + where);
       if (Clock::now() >= deadline)
@@ -459,6 +492,7 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
       if (got == LinkIo::ok) got = conn.receive();
       try {
         while (auto f = conn.next_frame()) {
+          answered = true;
           if (f->kind == static_cast<std::uint16_t>(LinkKind::refuse)) {
             auto fields = decode_fields(f->payload);
             if (fields["kind"] == "join") throw NodeJoinError(fields["message"]);
@@ -494,10 +528,17 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
           zero.address = address;
           group.nodes[0] = zero;
           group.nodes[static_cast<std::size_t>(cfg.node_rank)] = self;
+          try {
+            group.attempt = fields["attempt"].empty() ? 0 : std::max(0, std::stoi(fields["attempt"]));
+          } catch (...) {
+            group.attempt = 0;
+          }
           // Frames node 0 sent after its welcome stay in the connection for the link's thread.
           group.peers.push_back({zero, std::move(conn)});
-          say(cfg, "all " + std::to_string(cfg.nnodes) + " nodes joined at " + describe_node(zero) +
-                       "; starting the ranks");
+          say(cfg, group.attempt > 0 ? "came back to the job at " + describe_node(zero) + ", which restarts every node: "
+                                           "starting the ranks as restart " + std::to_string(group.attempt)
+                                     : "all " + std::to_string(cfg.nnodes) + " nodes joined at " + describe_node(zero) +
+                                           "; starting the ranks");
           return group;
         }
       } catch (const FrameError& e) {
@@ -506,6 +547,13 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
       }
       if (got == LinkIo::closed) {  // node 0 went away before answering (restarted?): connect again
         last_problem = "node 0 closed the connection before every node joined";
+        say(cfg, last_problem + "; trying again");
+        pause(milliseconds(500));
+        again = true;
+      } else if (!answered && Clock::now() - hello_sent > kAnswerWait) {
+        // Rank 0's store of an attempt under way (node 0 listens again only between attempts,
+        // when this node was lost), or another program: not node 0's airhost, not yet.
+        last_problem = "what answers there is not node 0's airhost yet (rank 0's store of an attempt under way?)";
         say(cfg, last_problem + "; trying again");
         pause(milliseconds(500));
         again = true;
@@ -578,13 +626,72 @@ std::string resolve_problem(const std::string& host) {
   return rc == EAI_SYSTEM ? std::strerror(errno) : ::gai_strerror(rc);
 }
 
-JoinedGroup join_group(const NodeLinkConfig& cfg, const std::function<bool()>& cancelled) {
+// ---- the desk for nodes that come back -----------------------------------------------------
+
+struct RejoinDesk::Impl {
+  NodeLinkConfig cfg;
   NodeHello self;
-  self.node_rank = cfg.node_rank;
-  self.nnodes = cfg.nnodes;
-  self.nprocs = cfg.nprocs;
-  self.max_restarts = cfg.max_restarts;
-  self.host = host_name();
+  int l4 = -1, l6 = -1;
+  std::vector<Pending> pending;
+  ~Impl() {
+    for (int fd : {l4, l6})
+      if (fd >= 0) ::close(fd);
+  }
+};
+
+RejoinDesk::RejoinDesk(const NodeLinkConfig& config) : impl_(std::make_unique<Impl>()) {
+  impl_->cfg = config;
+  impl_->self = self_hello(config);
+  std::string error;
+  impl_->l4 = listen_on(AF_INET, config.master_port, error);
+  if (impl_->l4 < 0)
+    throw LaunchError("node 0 cannot listen on port " + std::to_string(config.master_port) + " again: " + error);
+  std::string ignored;
+  impl_->l6 = listen_on(AF_INET6, config.master_port, ignored);
+}
+
+RejoinDesk::~RejoinDesk() = default;  // the listeners close, and whoever was on the way
+
+void RejoinDesk::add_poll_fds(std::vector<pollfd>& fds) const {
+  for (int fd : {impl_->l4, impl_->l6})
+    if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+  for (const auto& p : impl_->pending) fds.push_back({p.conn.fd(), POLLIN, 0});
+}
+
+std::vector<LinkPeer> RejoinDesk::take(const std::vector<int>& wanted) {
+  Impl& d = *impl_;
+  accept_all(d.l4, d.pending);
+  accept_all(d.l6, d.pending);
+  std::vector<LinkPeer> back;
+  for (std::size_t i = 0; i < d.pending.size();) {
+    Pending& p = d.pending[i];
+    const Arrival got = advance(d.cfg, p);
+    if (got == Arrival::waiting) {
+      ++i;
+      continue;
+    }
+    std::string problem;
+    if (got == Arrival::token_on_node_only) problem = token_on_node_only(*p.hello);
+    else if (got == Arrival::admitted) {
+      problem = check_nodes(d.self, {*p.hello});
+      if (problem.empty() && std::find(wanted.begin(), wanted.end(), p.hello->node_rank) == wanted.end())
+        problem = "node " + std::to_string(p.hello->node_rank) + " of this job is still in it; only a node that was "
+                  "lost may join again, with its own --node-rank";
+    }
+    if (got != Arrival::dropped) {
+      if (problem.empty()) back.push_back({*p.hello, std::move(p.conn)});
+      else {
+        say(d.cfg, "refused " + describe_node(*p.hello) + ": " + problem);
+        refuse_one(p, problem);
+      }
+    }
+    d.pending.erase(d.pending.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  return back;
+}
+
+JoinedGroup join_group(const NodeLinkConfig& cfg, const std::function<bool()>& cancelled) {
+  const NodeHello self = self_hello(cfg);
   return cfg.node_rank == 0 ? join_as_hub(cfg, self, cancelled) : join_as_spoke(cfg, self, cancelled);
 }
 

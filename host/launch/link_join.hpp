@@ -6,11 +6,14 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "launch/link_wire.hpp"
+
+struct pollfd;
 
 namespace airhost::detail {
 
@@ -68,6 +71,29 @@ struct LinkPeer {
 struct JoinedGroup {
   std::vector<NodeHello> nodes;
   std::vector<LinkPeer> peers;
+  int attempt = 0;  // a node that came back to a job: the attempt every node starts next
+};
+
+// Node 0 between two attempts, when nodes of the job were lost (their airhost killed, their pod
+// restarted): listens on the master port again (rank 0's store has let it go) and admits those
+// nodes when their airhost comes back, as at the join: the same checks, the same join token.
+// Never blocks, but for the second a refusal may take to leave: the link's thread polls it.
+class RejoinDesk {
+ public:
+  // Throws LaunchError when node 0 cannot listen on the port again.
+  explicit RejoinDesk(const NodeLinkConfig& config);
+  ~RejoinDesk();
+  RejoinDesk(const RejoinDesk&) = delete;
+  RejoinDesk& operator=(const RejoinDesk&) = delete;
+  // Appends what to poll: the listeners and the connections on their way.
+  void add_poll_fds(std::vector<struct pollfd>& fds) const;
+  // Takes what came: the nodes admitted, each one of `wanted` (node ranks), its hello checked
+  // against node 0's. Anyone else is refused, with one line through config.say.
+  std::vector<LinkPeer> take(const std::vector<int>& wanted);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // Blocks until every node joined and agreed. Throws LaunchError when the nodes disagree, node

@@ -26,7 +26,8 @@ constexpr int kNodeLinkVersion = 1;
 
 enum class LinkKind : std::uint16_t {
   hello = 1,      // node → node 0: NodeHello
-  welcome = 2,    // node 0 → node: every node joined and agrees; fields host, nodes
+  welcome = 2,    // node 0 → node: every node joined and agrees; fields host, nodes, attempt (a node
+                  // that came back between two attempts starts at the next one; absent: 0)
   refuse = 3,     // node 0 → node: fields message, kind ("join" or "usage")
   heartbeat = 4,  // both ways, no payload
   down = 5,       // either way, relayed by node 0: fields node, message, cascade, attempt
@@ -38,6 +39,10 @@ enum class LinkKind : std::uint16_t {
   restart = 11,   // node 0 → node: every node starts its ranks again; field attempt (the new one)
   final = 12,     // node 0 → node: no restart after that failed attempt; field attempt
   file = 13,      // node 0 → node: NodeLinkConfig::shared_file, once it exists; field text
+  heard = 14,     // node 0 → node, on an open join: its hello was taken, the welcome comes when every
+                  // node is there. A node that hears nothing at all after its hello (a challenge, this,
+                  // a refusal) has reached something else on the port, e.g. rank 0's store of an
+                  // attempt under way, and tries again.
 };
 
 // No link frame is anywhere near this (the largest is a down report with one sentence): a

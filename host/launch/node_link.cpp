@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <mutex>
+#include <set>
 #include <system_error>
 #include <thread>
 
@@ -62,10 +63,12 @@ struct NodeLink::Impl {
     LinkConnection conn;      // owns the socket; closed when the node leaves or the link ends
     std::uint64_t heard = 0;  // conn.bytes_received() when last looked at
     Clock::time_point last_rx;
+    bool got_file = false;    // node 0: shared_file went to it
   };
 
   Impl(const NodeLinkConfig& config, JoinedGroup joined) : cfg(config), group(config.nnodes, config.node_rank) {
     nodes = std::move(joined.nodes);
+    attempt = joined.attempt;
     for (auto& p : joined.peers) peers.push_back({std::move(p.node), std::move(p.conn), 0, Clock::now()});
   }
 
@@ -93,23 +96,31 @@ struct NodeLink::Impl {
   // the loop's thread, read by the link's.
   std::atomic<std::int64_t> loop_turned{0};
   bool loop_stuck = false;  // the link's thread alone: this node said its loop is stuck
-  bool file_sent = false;   // the link's thread alone, node 0: shared_file went to every node
 
-  // Node 0: sends shared_file to every node once it exists.
+  // Node 0 after a failed attempt in which nodes were lost, while every other node wants a
+  // restart: the desk where they may come back, until rejoin_deadline (join_timeout). The link's
+  // thread alone.
+  std::unique_ptr<RejoinDesk> desk;
+  Clock::time_point rejoin_deadline{};
+  std::set<int> came_back;  // nodes that came back in this wait: they get a welcome, not "restart"
+
+  // Node 0: sends shared_file to every node once it exists (and to a node that came back).
   void send_shared_file() {
-    if (file_sent || cfg.node_rank != 0 || cfg.shared_file.empty()) return;
+    if (cfg.node_rank != 0 || cfg.shared_file.empty()) return;
+    if (std::all_of(peers.begin(), peers.end(), [this](const Peer& p) { return p.got_file || is_gone(p); })) return;
     UniqueFd fd(::open(cfg.shared_file.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd) return;  // not yet
     std::string text;
     char buf[4096];
     ssize_t n;
-    while ((n = ::read(fd.get(), buf, sizeof buf)) > 0 && text.size() < kMaxSharedFile)
+    while ((n = ::read(fd.get(), buf, sizeof buf)) > 0 && text.size() <= kMaxSharedFile)
       text.append(buf, static_cast<std::size_t>(n));
-    file_sent = true;
-    if (text.size() > kMaxSharedFile) return;
-    const std::string f = link_frame(LinkKind::file, {{"text", text}});
+    const std::string f = text.size() > kMaxSharedFile ? std::string() : link_frame(LinkKind::file, {{"text", text}});
     for (auto& p : peers)
-      if (!is_gone(p)) send_to(p, f);
+      if (!p.got_file && !is_gone(p)) {
+        p.got_file = true;
+        if (!f.empty()) send_to(p, f);
+      }
   }
 
   // Another node: what node 0 sent is written where this node's shared_file is.
@@ -118,12 +129,16 @@ struct NodeLink::Impl {
     try {
       write_file_atomic(cfg.shared_file, text);
     } catch (const std::exception& e) {
-      if (cfg.say) cfg.say("cannot write " + cfg.shared_file + " as node 0 sent it: " + e.what());
+      say("cannot write " + cfg.shared_file + " as node 0 sent it: " + e.what());
     }
   }
   Clock::time_point last_watched = Clock::now(), loop_silent_since{};  // the link's thread alone
 
   bool hub() const { return cfg.node_rank == 0; }
+
+  void say(const std::string& line) const {
+    if (cfg.say) cfg.say("node " + std::to_string(cfg.node_rank) + " of " + std::to_string(cfg.nnodes) + ": " + line);
+  }
 
   ~Impl() {
     {
@@ -299,22 +314,95 @@ struct NodeLink::Impl {
   // Node 0, after a failed attempt: once every node has stopped its ranks (or one is gone),
   // restart them all if every node wants it, else end. The attempt moves on before anyone
   // hears of it, so that a report of the new attempt is never taken for the old one's.
+  // When nodes were lost and every other one wants a restart, node 0 waits for the lost ones
+  // to come back (rejoin_wait) before it decides.
   void decide_if_all_stopped() {
     int of;
     bool restart;
+    std::vector<int> lost_nodes;
     {
       std::lock_guard lock(m);
       of = attempt;
       if (!group.should_decide(of)) return;
       restart = group.restart_agreed(of);
+      if (!restart) lost_nodes = group.rejoin_wanted(of);
+    }
+    if (!lost_nodes.empty() && rejoin_wait(of, lost_nodes)) return;
+    {
+      std::lock_guard lock(m);
+      if (group.decision(of)) return;
+      restart = group.restart_agreed(of);  // the lost nodes may have come back meanwhile
       group.decide(of, restart);
       if (restart) attempt = of + 1;
     }
+    desk.reset();  // the port is rank 0's store's again
     cv.notify_all();
     const std::string f = restart ? link_frame(LinkKind::restart, {{"attempt", std::to_string(of + 1)}})
                                   : link_frame(LinkKind::final, {{"attempt", std::to_string(of)}});
-    for (auto& p : peers)
-      if (!is_gone(p)) send_to(p, f);
+    const std::string welcome = link_frame(LinkKind::welcome, {{"host", nodes[0].host},
+                                                               {"nodes", std::to_string(cfg.nnodes)},
+                                                               {"attempt", std::to_string(of + 1)}});
+    for (auto& p : peers) {
+      if (is_gone(p)) continue;
+      send_to(p, restart && came_back.count(p.node.node_rank) ? welcome : f);
+    }
+    came_back.clear();
+    if (restart) send_shared_file();
+  }
+
+  // Node 0, after attempt `of` failed with `lost` nodes gone and every other node wanting a
+  // restart: listens again and takes back each lost node whose airhost comes back (restarted by
+  // hand, by Kubernetes, by a script), as torchrun's agents join the next round. True while it
+  // still waits; false once it is time to decide: every lost node is back (the restart is then
+  // agreed), or join_timeout passed, or the port cannot be had (the job then ends).
+  bool rejoin_wait(int of, const std::vector<int>& lost_nodes) {
+    const auto now = Clock::now();
+    if (!desk) {
+      try {
+        desk = std::make_unique<RejoinDesk>(cfg);
+      } catch (const std::exception& e) {
+        say(std::string(e.what()) + "; the job cannot wait for the lost node(s) to come back");
+        return false;
+      }
+      rejoin_deadline = now + cfg.join_timeout;
+      std::string names;
+      for (int n : lost_nodes)
+        names += (names.empty() ? "" : ", ") + describe_node(nodes[static_cast<std::size_t>(n)]);
+      say("the other nodes want a restart; waiting up to " + duration_text(cfg.join_timeout) +
+                " (join_timeout) for " + names + " to come back: start its airhost again with the same arguments");
+    }
+    for (auto& back : desk->take(lost_nodes)) {
+      const int n = back.node.node_rank;
+      for (auto& p : peers) {
+        if (p.node.node_rank != n) continue;
+        p.conn = std::move(back.conn);
+        p.node = back.node;
+        p.heard = 0;
+        p.last_rx = Clock::now();
+        p.got_file = false;
+      }
+      nodes[static_cast<std::size_t>(n)] = back.node;
+      came_back.insert(n);
+      {
+        std::lock_guard lock(m);
+        group.came_back(of, n);
+      }
+      say(describe_node(back.node) + " came back" + (cfg.join_token.empty() ? "" : " (its join token checked)"));
+    }
+    bool all_back, still_wanted;
+    {
+      std::lock_guard lock(m);
+      all_back = group.restart_agreed(of);
+      still_wanted = all_back || !group.rejoin_wanted(of).empty();
+    }
+    if (all_back) return false;
+    if (!still_wanted) return false;  // a node withdrew meanwhile (stopped, or lost for good)
+    if (now < rejoin_deadline) return true;
+    std::string names;
+    for (int n : lost_nodes) names += (names.empty() ? "" : ", ") + std::to_string(n);
+    say("node" + std::string(lost_nodes.size() > 1 ? "s " : " ") + names + " did not come back within " +
+        duration_text(cfg.join_timeout) + " (join_timeout); the job ends");
+    return false;
   }
 
   void on_closed(Peer& p) {
@@ -389,8 +477,10 @@ struct NodeLink::Impl {
         const short events = gone ? (p.conn.output_pending() ? POLLOUT : 0) : p.conn.poll_events();
         fds.push_back(pollfd{events ? p.conn.fd() : -1, events, 0});  // poll skips -1
       }
+      if (desk) desk->add_poll_fds(fds);  // after the peers: their indexes stay as they are
       // Awake for the next heartbeat, and for the moment the quietest peer passes node_timeout.
       auto wake_at = next_beat;
+      if (desk) wake_at = std::min(wake_at, now + milliseconds(100));  // a join's steps, and its deadline
       for (auto& p : peers)
         if (p.conn.is_open() && !is_gone(p)) wake_at = std::min(wake_at, p.last_rx + cfg.node_timeout + milliseconds(1));
       now = Clock::now();
@@ -459,20 +549,39 @@ const std::vector<NodeHello>& NodeLink::nodes() const { return impl_->nodes; }
 
 int NodeLink::attempt() const { return impl_->attempt; }
 
-bool NodeLink::after_attempt(bool want_restart, milliseconds limit) {
+bool NodeLink::after_attempt(bool want_restart, milliseconds limit, const std::function<bool()>& cancelled) {
   Impl& s = *impl_;
   int of;
+  auto say_stopped = [&](bool restart) {
+    {
+      std::lock_guard lock(s.m);
+      if (s.hub()) s.group.report_stopped(of, 0, restart);
+    }
+    if (s.hub()) s.poke();  // its loop decides once every node has stopped
+    else s.queue(link_frame(LinkKind::stopped, {{"attempt", std::to_string(of)}, {"restart", restart ? "1" : "0"}}));
+  };
   {
     std::lock_guard lock(s.m);
     of = s.attempt;
-    if (s.hub()) s.group.report_stopped(of, 0, want_restart);
   }
-  if (s.hub()) s.poke();  // its loop decides once every node has stopped
-  else s.queue(link_frame(LinkKind::stopped, {{"attempt", std::to_string(of)}, {"restart", want_restart ? "1" : "0"}}));
+  say_stopped(want_restart);
+  // The wait may be long (node 0 waits up to join_timeout for a lost node to come back): a
+  // node interrupted meanwhile withdraws, and the job ends everywhere.
+  const auto until = limit.count() > 0 ? Clock::now() + limit : Clock::time_point::max();
+  auto withdrawn_until = Clock::time_point::max();
   std::unique_lock lock(s.m);
   auto ready = [&] { return s.group.decision(of).has_value() || (!s.hub() && s.group.gone(0)); };
-  if (limit.count() > 0) s.cv.wait_for(lock, limit, ready);
-  else s.cv.wait(lock, ready);
+  while (!ready()) {
+    const auto now = Clock::now();
+    if (now >= until || now >= withdrawn_until) break;
+    s.cv.wait_for(lock, milliseconds(100), ready);
+    if (ready() || withdrawn_until != Clock::time_point::max() || !cancelled) continue;
+    lock.unlock();
+    const bool stop = cancelled();
+    if (stop && want_restart) say_stopped(false);
+    if (stop) withdrawn_until = Clock::now() + std::chrono::seconds(5);
+    lock.lock();
+  }
   return s.group.decision(of).value_or(false);
 }
 

@@ -24,7 +24,11 @@
 //            "stopped" (and whether it may start again); node 0 waits for all of them, then
 //            tells every node to start again, as the next attempt, or that the job ends.
 //            Every node thus restarts together, with the same attempt number, as torchrun's
-//            agents do after their rendezvous.
+//            agents do after their rendezvous. A node that was lost (its airhost killed, its
+//            pod restarted) may come back: when every other node wants a restart, node 0
+//            listens on the port again (rank 0's store has let it go) for up to join_timeout,
+//            admits the node's new airhost as at the join (same checks, same token), and
+//            welcomes it into the next attempt while the others hear "restart".
 //   file     node 0 sends NodeLinkConfig::shared_file to every node once it exists (the MLflow
 //            run its host made), and each node writes it where its own run directory has it.
 //
@@ -94,8 +98,10 @@ class NodeLink {
   // `want_restart` when this node may start again (restarts are left; it was neither
   // interrupted nor timed out), and waits (up to `limit`, 0 = no limit) for node 0's decision
   // for every node. True: every node starts its ranks again, as attempt(); false: the job
-  // ends (a node did not want it, or is gone), and down() says why.
-  bool after_attempt(bool want_restart, std::chrono::milliseconds limit);
+  // ends (a node did not want it, or is gone for good), and down() says why. Node 0 waits up
+  // to join_timeout for a lost node to come back when every other node wants a restart.
+  // `cancelled` (polled): this node was interrupted meanwhile; it withdraws, and the job ends.
+  bool after_attempt(bool want_restart, std::chrono::milliseconds limit, const std::function<bool()>& cancelled = {});
   // The attempt under way, the same on every node (TORCHELASTIC_RESTART_COUNT).
   int attempt() const;
 

@@ -130,15 +130,46 @@ TEST_CASE("after a failed attempt node 0 decides once every node stopped: a rest
   CHECK_FALSE(g.restart_agreed(1));
 }
 
-TEST_CASE("a node that is gone ends the decision at once, without a restart; another node never decides") {
+TEST_CASE("a node that is lost is waited for when every other node wants a restart; another node never decides") {
   GroupState g(3, 0);
   g.report_stopped(0, 0, true);
-  g.report_stopped(0, 1, true);
-  CHECK_FALSE(g.should_decide(0));  // node 2 may still say it stopped
   g.connection_gone(2);
+  CHECK_FALSE(g.should_decide(0));  // node 1 has not said yet whether it wants a restart
+  g.report_stopped(0, 1, true);
   REQUIRE(g.should_decide(0));
   CHECK_FALSE(g.restart_agreed(0));
+  CHECK(g.rejoin_wanted(0) == std::vector<int>{2});
+  g.came_back(0, 2);  // its new airhost joined again
+  CHECK_FALSE(g.gone(2));
+  CHECK(g.rejoin_wanted(0).empty());
+  CHECK(g.restart_agreed(0));
+
+  // A node interrupted while the group waits (it withdraws): no waiting, the job ends.
+  GroupState w(3, 0);
+  w.report_stopped(0, 0, true);
+  w.report_stopped(0, 1, true);
+  w.connection_gone(2);
+  CHECK(w.rejoin_wanted(0) == std::vector<int>{2});
+  w.report_stopped(0, 1, false);
+  CHECK(w.rejoin_wanted(0).empty());
+  CHECK_FALSE(w.restart_agreed(0));
+
+  // A node that stopped for good and then left is not waited for; nor is anyone once node 0
+  // itself wants no restart (restarts used up).
+  GroupState left(2, 0);
+  left.report_stopped(0, 0, true);
+  left.report_stopped(0, 1, false);
+  left.connection_gone(1);
+  REQUIRE(left.should_decide(0));
+  CHECK(left.rejoin_wanted(0).empty());
+  GroupState used_up(2, 0);
+  used_up.report_stopped(0, 0, false);
+  used_up.connection_gone(1);
+  REQUIRE(used_up.should_decide(0));
+  CHECK(used_up.rejoin_wanted(0).empty());
+
   GroupState spoke(3, 1);
+  CHECK(spoke.rejoin_wanted(0).empty());
   for (int n = 0; n < 3; ++n) spoke.report_stopped(0, n, true);
   CHECK_FALSE(spoke.should_decide(0));
   spoke.decide(0, false);  // what node 0's "final" says

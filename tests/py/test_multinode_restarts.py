@@ -112,3 +112,110 @@ def test_a_rank_killed_on_node_1_mid_training_resumes_on_both_nodes_to_the_same_
     assert expected.keys() == got.keys()
     for name in expected:
         assert torch.equal(expected[name], got[name]), f"{name} differs after the resume across nodes"
+
+
+# ---- a node whose airhost is lost comes back (issue 18) ----------------------------------------
+
+def node(airhost, port, rank, target, *args, script_args=(), n=2):
+    return airhost.start(target, "-n", str(n), "--nnodes", "2", "--node-rank", str(rank), "--master-addr",
+                         "127.0.0.1", "--master-port", str(port), *COMMON, *args, "--", *script_args)
+
+
+def test_a_lost_node_comes_back_within_join_timeout_and_the_group_restarts_with_it(airhost):
+    # Node 1's airhost is SIGKILLed (its ranks die with it) while every rank sleeps in attempt
+    # 0. Node 0 stops its ranks, waits on the port again, refuses a node that does not fit the
+    # job, and takes node 1 back when its airhost is started again with the same arguments: both
+    # nodes then run attempt 1, and the job succeeds.
+    port = free_port()
+    flaky = ("--fail-until", "0", "--then-sleep", "4")
+    n0 = node(airhost, port, 0, FLAKY, "--max-restarts", "1", script_args=flaky + ("--then-sleep-once", "60"))
+    n1 = node(airhost, port, 1, FLAKY, "--max-restarts", "1", script_args=flaky + ("--then-sleep-once", "60"))
+    wait_for(lambda: all(n.out_path.read_bytes().count(b"attempt 0 of max") == 2 for n in (n0, n1)), 60,
+             "every rank to start")
+    n1.signal(signal.SIGKILL)
+    n1.finish(timeout=30)  # its ranks went with it
+    wait_for(lambda: b"to come back" in n0.err_path.read_bytes(), 60, "node 0 to wait for node 1")
+    assert b"waiting up to 60 s (join_timeout) for node 1" in n0.err_path.read_bytes(), n0.err_path.read_bytes()
+
+    wrong = node(airhost, port, 1, FLAKY, "--max-restarts", "1", n=3, script_args=flaky)
+    w = wrong.finish(timeout=60)
+    w.assert_rc(2)
+    assert "the nodes disagree on the ranks per node" in w.err, w.err
+
+    back = node(airhost, port, 1, FLAKY, "--max-restarts", "1", script_args=flaky + ("--then-sleep-once", "60"))
+    r0, rb = n0.finish(timeout=90), back.finish(timeout=90)
+    r0.assert_rc(0)
+    rb.assert_rc(0)
+    assert attempts_of(r0) == {0: [0, 1], 1: [0, 1]}, r0.describe()
+    assert attempts_of(rb) == {2: [1], 3: [1]}, rb.describe()  # it joined the group's attempt 1
+    assert re.search(r"node 1 \([^)]+\) was lost: its connection closed", r0.run_json["failed_attempts"][0]), r0.run_json
+    assert re.search(r"node 1 \([^)]+\) came back", r0.err), r0.err
+    assert "refused node 1" in r0.err and "ranks per node" in r0.err, r0.err
+    assert "came back to the job" in rb.err and "restart 1" in rb.err, rb.err
+    assert r0.run_json["restarts"] == rb.run_json["restarts"] == 1
+
+
+def test_a_node_whose_airhost_is_killed_mid_training_comes_back_and_the_job_ends_as_if_uninterrupted(
+        airhost, tmp_path):
+    # Node 1's airhost is SIGKILLed while its rank is at step 17 and started again at once, as
+    # Kubernetes restarts a pod: its hello may reach rank 0's store before node 0 has stopped
+    # its ranks, and it tries again until node 0 listens. Both nodes resume from step 15.
+    import torch
+
+    ref_dir = tmp_path / "ckpt-ref"
+    ref_dir.mkdir()
+    ref = two_nodes(airhost, TRAIN, n=1, script_args=("--ckpt", ref_dir, "--out", tmp_path / "ref.pt"))
+    for run in (ref[1].finish(timeout=150), ref[0].finish(timeout=150)):
+        run.assert_rc(0)
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    port = free_port()
+    train = ("--ckpt", ckpt, "--out", tmp_path / "resumed.pt", "--stall-at", "17", "--stall-rank", "1")
+    n0 = node(airhost, port, 0, TRAIN, "--max-restarts", "2", n=1, script_args=train)
+    n1 = node(airhost, port, 1, TRAIN, "--max-restarts", "2", n=1, script_args=train)
+    wait_for(lambda: (ckpt / "stalled").exists() and (ckpt / "stalled").read_text(), 120, "rank 1 to reach step 17")
+    n1.signal(signal.SIGKILL)
+    n1.finish(timeout=30)
+    back = node(airhost, port, 1, TRAIN, "--max-restarts", "2", n=1, script_args=train)
+    r0, rb = n0.finish(timeout=150), back.finish(timeout=150)
+    r0.assert_rc(0)
+    rb.assert_rc(0)
+    assert r0.run_json["restarts"] == rb.run_json["restarts"] == 1
+    assert "attempt 1: resumed from step-000015 at step 15" in r0.log(0).decode()
+    expected, got = torch.load(tmp_path / "ref.pt"), torch.load(tmp_path / "resumed.pt")
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), f"{name} differs after node 1 came back"
+
+
+def test_a_lost_node_that_does_not_come_back_ends_the_job_with_138_naming_it(airhost):
+    port = free_port()
+    args = ("--max-restarts", "2", "--join-timeout", "5")
+    n0 = node(airhost, port, 0, FLAKY, *args, script_args=("--fail-until", "0", "--then-sleep", "60"))
+    n1 = node(airhost, port, 1, FLAKY, *args, script_args=("--fail-until", "0", "--then-sleep", "60"))
+    wait_for(lambda: all(n.out_path.read_bytes().count(b"attempt 0 of max") == 2 for n in (n0, n1)), 60,
+             "every rank to start")
+    n1.signal(signal.SIGKILL)
+    n1.finish(timeout=30)
+    r0 = n0.finish(timeout=60)
+    r0.assert_rc(138)
+    assert "node 1 did not come back within 5 s (join_timeout)" in r0.err, r0.err
+    assert re.search(r"node 1 \([^)]+\) was lost", r0.run_json["message"]), r0.run_json
+    assert r0.seconds < 45, r0.seconds  # node_timeout 5 + join_timeout 5, and start-up
+
+
+def test_node_0_interrupted_while_it_waits_for_a_lost_node_ends_by_the_signal(airhost):
+    port = free_port()
+    args = ("--max-restarts", "2")
+    n0 = node(airhost, port, 0, FLAKY, *args, script_args=("--fail-until", "0", "--then-sleep", "60"))
+    n1 = node(airhost, port, 1, FLAKY, *args, script_args=("--fail-until", "0", "--then-sleep", "60"))
+    wait_for(lambda: all(n.out_path.read_bytes().count(b"attempt 0 of max") == 2 for n in (n0, n1)), 60,
+             "every rank to start")
+    n1.signal(signal.SIGKILL)
+    n1.finish(timeout=30)
+    wait_for(lambda: b"to come back" in n0.err_path.read_bytes(), 60, "node 0 to wait for node 1")
+    n0.signal(signal.SIGTERM)
+    r0 = n0.finish(timeout=20)
+    r0.assert_rc(143)
+    assert r0.run_json["outcome"] == "interrupted", r0.run_json
+    assert "interrupted by SIGTERM while the nodes waited to restart" in r0.run_json["message"], r0.run_json
