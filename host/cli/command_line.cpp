@@ -561,7 +561,8 @@ Flags:
   --node-timeout D      several nodes: another node silent this long is lost and this
                         node's ranks are stopped, exit 138; a node whose airhost exits or is
                         killed is lost at once (default: 30s)
-  --join-timeout D      several nodes: how long every node may take to join (default: 10m)
+  --join-timeout D      several nodes: how long every node may take to join, and a lost node
+                        to come back (default: 10m)
   --prefix              put "[rank N] " before each output line (the default)
   --no-prefix           forward output lines as they are
   --ranks LIST          show only these ranks' output, e.g. 0,2,3; 'all' shows every

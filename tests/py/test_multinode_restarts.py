@@ -188,6 +188,30 @@ def test_a_node_whose_airhost_is_killed_mid_training_comes_back_and_the_job_ends
         assert torch.equal(expected[name], got[name]), f"{name} differs after node 1 came back"
 
 
+def test_three_nodes_wait_for_the_lost_one_and_restart_together_when_it_comes_back(airhost):
+    port = free_port()
+    sargs = ("--fail-until", "0", "--then-sleep", "2", "--then-sleep-once", "60")
+
+    def start(rank):
+        return airhost.start(FLAKY, "-n", "1", "--nnodes", "3", "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+                             "--master-port", str(port), *COMMON, "--max-restarts", "1", "--", *sargs)
+
+    nodes = [start(r) for r in range(3)]
+    wait_for(lambda: all(n.out_path.read_bytes().count(b"attempt 0 of max") == 1 for n in nodes), 60,
+             "every rank to start")
+    nodes[2].signal(signal.SIGKILL)
+    nodes[2].finish(timeout=30)
+    wait_for(lambda: b"to come back" in nodes[0].err_path.read_bytes(), 60, "node 0 to wait for node 2")
+    nodes[2] = start(2)
+    runs = [n.finish(timeout=60) for n in nodes]
+    for run in runs:
+        run.assert_rc(0)
+        assert run.run_json["restarts"] == 1, run.run_json
+    assert attempts_of(runs[0]) == {0: [0, 1]} and attempts_of(runs[1]) == {1: [0, 1]}
+    assert attempts_of(runs[2]) == {2: [1]}, runs[2].describe()
+    assert re.search(r"node 2 \([^)]+\) was lost", runs[1].run_json["failed_attempts"][0]), runs[1].run_json
+
+
 def test_a_lost_node_that_does_not_come_back_ends_the_job_with_138_naming_it(airhost):
     port = free_port()
     args = ("--max-restarts", "2", "--join-timeout", "5")

@@ -86,7 +86,7 @@ class _InNamespace:
         return self._airhost._collect(*args)
 
 
-def start_node(airhost, spaces, i, target, *args, script_args=()):
+def start_node(airhost, spaces, i, target, *args, script_args=(), extra_env=None):
     runs_root = airhost._new_runs_root()
     n = airhost.count
     argv = ["netns", "exec", spaces.ns[i], airhost.binary, target, "-n", "2", "--nnodes", "2", "--node-rank", str(i),
@@ -94,7 +94,7 @@ def start_node(airhost, spaces, i, target, *args, script_args=()):
             "--grace", str(GRACE), *args]
     if script_args:
         argv += ["--", *script_args]
-    env = airhost.env(runs_root, {"GLOO_SOCKET_IFNAME": spaces.veth[i]})
+    env = airhost.env(runs_root, {"GLOO_SOCKET_IFNAME": spaces.veth[i], **(extra_env or {})})
     return Started(_InNamespace(airhost), argv, airhost.work, runs_root, env,
                    airhost.tmp_path / f"host-{n}.stdout", airhost.tmp_path / f"host-{n}.stderr")
 
@@ -163,4 +163,37 @@ def test_two_namespaces_a_killed_node_ends_the_other_at_once(airhost, netns):
         r0.describe()
     r1 = n1.finish(timeout=10, check_processes=False)
     assert r1.rc == -signal.SIGKILL
+    assert_namespaces_empty(netns)
+
+
+def test_two_namespaces_a_killed_node_comes_back_past_an_impostor_and_the_job_goes_on(airhost, netns):
+    # Issue 18: node 1's airhost SIGKILLed mid-run; while node 0 waits for it on the port again,
+    # an impostor in node 1's namespace sends a hello without the job's token and is refused;
+    # then node 1's airhost is started again, joins with the token, and both nodes finish.
+    flaky = str(REPO / "tests" / "py" / "restart_scripts" / "flaky.py")
+    token = {"AIRHOST_JOIN_TOKEN": "token-of-this-job"}
+    args = ("--max-restarts", "1", "--join-timeout", "60")
+    sargs = ("--fail-until", "0", "--then-sleep", "3", "--then-sleep-once", "60")
+    n0 = start_node(airhost, netns, 0, flaky, *args, script_args=sargs, extra_env=token)
+    n1 = start_node(airhost, netns, 1, flaky, *args, script_args=sargs, extra_env=token)
+    deadline = time.monotonic() + 60
+    while not all(n.out_path.read_bytes().count(b"attempt 0 of max") == 2 for n in (n0, n1)):
+        assert time.monotonic() < deadline, "every rank to start"
+        time.sleep(0.1)
+    n1.signal(signal.SIGKILL)
+    n1.finish(timeout=30, check_processes=False)
+    while b"to come back" not in n0.err_path.read_bytes():
+        assert time.monotonic() < deadline + 30, n0.err_path.read_bytes()
+        time.sleep(0.1)
+    impostor = subprocess.run(["ip", "netns", "exec", netns.ns[1], "python3", script("join_impostor.py"), str(PORT),
+                               netns.addr[0]], capture_output=True, text=True, timeout=30)
+    assert impostor.stdout.strip() == "answer kind 3", impostor  # refused
+    back = start_node(airhost, netns, 1, flaky, *args, script_args=sargs, extra_env=token)
+    r0, rb = n0.finish(timeout=60), back.finish(timeout=60)
+    r0.assert_rc(0)
+    rb.assert_rc(0)
+    assert f"refused a join from {netns.addr[1]} as node 1: it holds no join token" in r0.err, r0.err
+    assert re.search(rf"node 1 \([^)]+, {re.escape(netns.addr[1])}\) came back \(its join token checked\)", r0.err), r0.err
+    assert "came back to the job" in rb.err, rb.err
+    assert r0.run_json["restarts"] == rb.run_json["restarts"] == 1
     assert_namespaces_empty(netns)

@@ -17,10 +17,11 @@ def fields(**kv):
 
 
 port = int(sys.argv[1])
+host = sys.argv[2] if len(sys.argv) > 2 else "127.0.0.1"
 payload = fields(version="1", node_rank="1", nnodes="2", nprocs="2", host="impostor")
 for _ in range(200):
     try:
-        s = socket.create_connection(("127.0.0.1", port))
+        s = socket.create_connection((host, port))
         break
     except OSError:
         time.sleep(0.05)
