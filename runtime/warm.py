@@ -498,6 +498,11 @@ class Server:
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
+        # A cold rank starts with every disposition at its default (libuv's spawn resets them)
+        # and Python's KeyboardInterrupt on SIGINT; a warm one must too, even when the server
+        # inherited SIGINT ignored (a caller started with `&` or nohup): the host's teardown
+        # and cancel(SIGINT) reach the rank by SIGINT first.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         # The server's own descriptors go first: one of them may be fd 3, which dup2 reuses.
         self.sel.close()
         for c in self.conns.values():

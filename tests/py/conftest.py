@@ -31,6 +31,15 @@ VENV_BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, str(HERE / "api_scripts"))
 from _helpers import _read, process_state  # noqa: E402
 
+# A suite started in the background of a shell without job control (`cmd &` in a script, CI
+# runners) inherits SIGINT and SIGQUIT ignored, and every caller, host and rank it starts would
+# too: an ignored disposition survives exec. The tests that interrupt a caller then wait for a
+# KeyboardInterrupt that never comes (found as "the caller still ran 30 s after SIGINT" under
+# load). Give the processes of the tests the dispositions of a terminal's.
+for _sig, _handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGQUIT, signal.SIG_DFL)):
+    if signal.getsignal(_sig) == signal.SIG_IGN:
+        signal.signal(_sig, _handler)
+
 
 def script(name: str) -> str:
     """Absolute path of a helper script in tests/py/scripts."""

@@ -479,3 +479,39 @@ def test_the_python_apis_warm_calls_draw_fresh_random_streams_and_seeded_draws_e
         assert [d["rank"] for d in call] == [0, 1]
         assert all(d["ppid"] == server for d in call), "a later call forks from the warm server"
     assert_fresh_streams([d for call in warm_calls for d in call], cold)
+
+
+API_SIGNALS = """
+import json, os, signal
+from airhost import distributed, _api
+
+def dispositions():
+    def name(h):
+        return {signal.SIG_IGN: "ignored", signal.SIG_DFL: "default",
+                signal.default_int_handler: "KeyboardInterrupt"}.get(h, "handler")
+    return {"ppid": os.getppid(), "SIGINT": name(signal.getsignal(signal.SIGINT)),
+            "SIGTERM": name(signal.getsignal(signal.SIGTERM))}
+
+fn = distributed(num_accelerators=1)(dispositions)
+cold = fn.distributed()[0]
+server = _api.warm_server(wait=120)
+assert server is not None and server.ready(), "no warm server"
+print("SERVER", server.pid)
+print("CALLS", json.dumps([cold, fn.distributed()[0]]))
+"""
+
+
+def test_a_warm_rank_of_a_caller_that_ignores_sigint_still_takes_it_as_a_cold_rank_does(tmp_path):
+    # A caller started with `&` in a script (or nohup) ignores SIGINT, and so does the warm server
+    # it starts; the ranks must not: the host stops them (and cancel() reaches them) by SIGINT.
+    script = write(tmp_path / "api.py", API_SIGNALS)
+    env = dict(os.environ, AIRHOST_RUNS_DIR=str(tmp_path / "runs"), AIRHOST_TRACKING="0", AIRHOST_WARM="1",
+               AIRHOST_TEST_MARK=str(tmp_path) + os.sep, AIRHOST_PRELOAD="json")
+    r = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert r.returncode == 0, r.stderr
+    out = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.split(" ")[0].isupper())
+    cold, warm_call = json.loads(out["CALLS"])
+    assert cold["ppid"] != int(out["SERVER"]) and warm_call["ppid"] == int(out["SERVER"])
+    assert cold["SIGINT"] == warm_call["SIGINT"] == "KeyboardInterrupt", (cold, warm_call)
+    assert cold["SIGTERM"] == warm_call["SIGTERM"], (cold, warm_call)

@@ -473,7 +473,8 @@ class _Launch:
                 warnings.warn(f"the logs of run {report['run_id']} are incomplete: {line}", ResourceWarning,
                               stacklevel=3)
             status = {"succeeded": "FINISHED", "interrupted": "KILLED"}.get(outcome, "FAILED")
-            self.tracking.finish(status)
+            # Ctrl-C is answered at once: a run still being made is closed by its own thread.
+            self.tracking.finish(status, wait=2.0 if interrupted else None)
             if interrupted:
                 return None
             return _results_or_raise(report, self.opts)

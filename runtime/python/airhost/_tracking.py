@@ -48,6 +48,12 @@ class Tracking:
         self._thread: Optional[threading.Thread] = None
         self._ending = threading.Event()
         self._out = out or sys.stderr
+        # Between the thread that makes the run and finish(): whether the run was made (or
+        # could not be), the call's final status, and whether finish() stopped waiting for it.
+        self._lock = threading.Lock()
+        self._made = False
+        self._status: Optional[str] = None
+        self._detached = False
 
     @property
     def active(self) -> bool:
@@ -79,6 +85,16 @@ class Tracking:
         return {"AIRHOST_MLFLOW_PENDING": env_file}
 
     def _create(self, env_file: str, parent: Optional[str], experiment_id: Optional[str], defer: bool) -> None:
+        try:
+            self._make(env_file, parent, experiment_id, defer)
+        finally:
+            with self._lock:
+                self._made = True
+                detached = self._detached
+            if detached:  # finish() went on without it: the run is closed here
+                self._close()
+
+    def _make(self, env_file: str, parent: Optional[str], experiment_id: Optional[str], defer: bool) -> None:
         if defer:
             deadline = time.monotonic() + DEFER_SECONDS
             while time.monotonic() < deadline and not os.path.exists(env_file + ".want"):
@@ -136,18 +152,64 @@ class Tracking:
                 flush=True,
             )
 
-    def finish(self, status: str) -> None:
-        """status: FINISHED, FAILED or KILLED. Waits for the run to exist first."""
+    def finish(self, status: str, wait: Optional[float] = None) -> None:
+        """status: FINISHED, FAILED or KILLED. Waits for the run to exist first, up to `wait`
+        seconds (None: FINISH_WAIT). A run still being made then (mlflow imported only now,
+        a fresh database migrated, a server slow to answer) is left to the thread that makes
+        it, which closes it with `status` once it exists; the caller goes on, and at exit the
+        interpreter waits up to EXIT_WAIT for such runs (Ctrl-C skips the wait)."""
         if self._thread is None:
             return
+        with self._lock:
+            self._status = status
         self._ending.set()
-        self._thread.join()
+        self._thread.join(FINISH_WAIT if wait is None else wait)
+        with self._lock:
+            if not self._made:
+                self._detached = True
+                _unfinished.add(self._thread)
+                _register_exit_wait()
+                return
         self._thread = None
+        self._close()
+
+    def _close(self) -> None:
         if self.run_id is None:
             return
         try:
             # Ranks' exit handlers may have ended the run as FINISHED meanwhile: the call's
             # outcome is what the run must say.
-            self._client.set_terminated(self.run_id, status=status)
+            self._client.set_terminated(self.run_id, status=self._status)
         except Exception as e:
             print(f"airhost: could not close MLflow run {self.run_id}: {e}", file=self._out)
+
+
+# How long finish() waits for a run still being made, and the interpreter's exit for the runs
+# left to their threads.
+FINISH_WAIT = 60.0
+EXIT_WAIT = 60.0
+_unfinished: "set[threading.Thread]" = set()
+_exit_wait_registered = [False]
+
+
+def _register_exit_wait() -> None:
+    if _exit_wait_registered[0]:
+        return
+    _exit_wait_registered[0] = True
+    import atexit
+
+    atexit.register(_wait_for_unfinished_runs)
+
+
+def _wait_for_unfinished_runs() -> None:
+    alive = [t for t in _unfinished if t.is_alive()]
+    if not alive:
+        return
+    print(f"airhost: waiting up to {EXIT_WAIT:.0f} s for MLflow to record {len(alive)} call(s) that ended while "
+          "their run was being made (Ctrl-C to skip)", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + EXIT_WAIT
+    try:
+        for t in alive:
+            t.join(max(0.0, deadline - time.monotonic()))
+    except KeyboardInterrupt:
+        pass

@@ -71,7 +71,7 @@ def scenario_sigint():
         distributed(num_accelerators=2)(sleeps).distributed()
         _helpers.report({"raised": None})
     except KeyboardInterrupt:
-        _helpers.report({"raised": "KeyboardInterrupt"})
+        _helpers.report({"raised": "KeyboardInterrupt", "at": time.time()})
 
 
 def scenario_tracked_quiet():
