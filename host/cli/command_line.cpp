@@ -532,7 +532,7 @@ Jobs and runs (docs/jobs.md): every launch keeps a run directory with run.json a
   stacks [ID]           every rank's Python stacks, ranks standing in the same place shown
                         once, the odd ones out first (default: your newest live run; the
                         main thread and threads not idle, --all-threads for every one;
-                        --json as data). Ctrl-\ on a running airhost prints the same
+                        --json as data). Ctrl-\ on a running airhost prints them too
   ID is a run id, a unique prefix of one, or latest.
 
 Flags:
