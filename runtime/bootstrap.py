@@ -203,9 +203,20 @@ def _watch_warnings():
             signal.signal(sig, _on_warning)
 
 
+# `airhost stacks` and Ctrl-\ on the host: the rank writes its Python stacks into
+# <run_dir>/stacks/rank-N.dump when the host asks (a real-time signal), from a C signal
+# handler that needs no GIL (runtime/rank_module.cpp, host/launch/stacks.hpp). The host
+# makes stacks/; without it (a rank outside airhost) nothing is installed.
+def _watch_stacks():
+    run_dir, rank = os.environ.get("AIRHOST_RUN_DIR"), os.environ.get("RANK")
+    if run_dir and rank and os.path.isdir(os.path.join(run_dir, "stacks")):
+        _airhost_rank.watch_stacks(os.path.join(run_dir, "stacks", f"rank-{rank}.dump"))
+
+
 def install():
     sys.excepthook = _excepthook
     _watch_warnings()
+    _watch_stacks()
     if os.environ.get("AIRHOST_MLFLOW_RETRY") == "1":
         sys.meta_path.insert(0, _PatchSqlStoreOnImport())
     pending = os.environ.get("AIRHOST_MLFLOW_PENDING", "")

@@ -7,12 +7,18 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <dlfcn.h>
+#include <pthread.h>
+
 #include <cstdint>
 #include <cerrno>
+#include <cstring>
+#include <string>
 #include <string_view>
 #include <system_error>
 
 #include "launch/frames.hpp"
+#include "launch/stacks.hpp"
 #include "rank_module.hpp"
 
 namespace py = pybind11;
@@ -69,6 +75,75 @@ std::string_view view(const py::bytes& b) {
   return {data, static_cast<std::size_t>(size)};
 }
 
+// ---- stacks on demand (host/launch/stacks.hpp) -----------------------------------------
+//
+// On stacks_signal() the rank rewrites its dump file from the signal handler itself, as
+// faulthandler does: CPython's thread states are walked without the GIL, so a rank stuck in
+// a C call that holds it (or in a deadlock) answers too. Only async-signal-safe calls below.
+
+using DumpThreads = const char* (*)(int fd, PyInterpreterState* interp, PyThreadState* current);
+DumpThreads dump_threads = nullptr;
+PyInterpreterState* stacks_interp = nullptr;
+int stacks_fd = -1;
+pid_t stacks_pid = -1;
+unsigned long long stacks_main = 0;
+
+void put(const char* s, std::size_t n) {
+  while (n) {
+    const ssize_t w = ::write(stacks_fd, s, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    s += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+void put(const char* s) { put(s, std::strlen(s)); }
+void put(unsigned long long v) {
+  char buf[24];
+  int i = sizeof buf;
+  do buf[--i] = static_cast<char>('0' + v % 10); while ((v /= 10) && i > 0);
+  put(buf + i, sizeof buf - static_cast<std::size_t>(i));
+}
+
+void on_stacks_signal(int, siginfo_t* info, void*) {
+  const int saved = errno;
+  if (stacks_fd >= 0 && ::getpid() == stacks_pid) {  // not in a process forked from the rank
+    const unsigned seq = info && info->si_code == SI_QUEUE ? static_cast<unsigned>(info->si_value.sival_int) : 0;
+    ::lseek(stacks_fd, 0, SEEK_SET);
+    if (::ftruncate(stacks_fd, 0) == 0) {
+      put(airhost::detail::kStacksHeader);
+      put("seq="), put(seq), put(" pid="), put(static_cast<unsigned long long>(stacks_pid));
+      put(" main="), put(stacks_main), put("\n");
+      const char* err = dump_threads(stacks_fd, stacks_interp, nullptr);
+      if (err) put("error: "), put(err), put("\n");
+      put(airhost::detail::kStacksEnd), put("seq="), put(seq), put("\n");
+    }
+  }
+  errno = saved;
+}
+
+// Called by bootstrap.py on the main thread, with the GIL, in every rank (cold or forked warm).
+bool watch_stacks(const std::string& path) {
+  if (!dump_threads) {
+    // Exported by CPython since 3.x for faulthandler; newer versions may name it anew.
+    for (const char* name : {"PyUnstable_DumpTracebackThreads", "_Py_DumpTracebackThreads"})
+      if ((dump_threads = reinterpret_cast<DumpThreads>(::dlsym(RTLD_DEFAULT, name)))) break;
+    if (!dump_threads) return false;
+  }
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  if (stacks_fd >= 0) ::close(stacks_fd);
+  stacks_fd = fd;
+  stacks_pid = ::getpid();
+  stacks_interp = PyInterpreterState_Get();
+  stacks_main = static_cast<unsigned long long>(PyThread_get_thread_ident());
+  struct sigaction sa{};
+  sa.sa_sigaction = on_stacks_signal;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  return ::sigaction(airhost::detail::stacks_signal(), &sa, nullptr) == 0;
+}
+
 }  // namespace
 }  // namespace airhost::rank
 
@@ -108,6 +183,8 @@ PYBIND11_EMBEDDED_MODULE(_airhost_rank, m) {
           }
         },
         "Adopt `fd` as this rank's control channel.");
+  m.def("watch_stacks", &watch_stacks, py::arg("path"),
+        "Write this rank's Python stacks into `path` on the host's request (a signal).");
   m.def("clearenv", []() { ::clearenv(); }, "Empty the C environment (os.environ is rebuilt after).");
   m.def("die_with_parent",
         [](int parent, int sig) {

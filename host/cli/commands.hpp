@@ -24,6 +24,11 @@ int warm_command(const HostOptions& opts);
 bool is_run_command(const std::string& word);
 int run_command(const std::string& word, const std::vector<std::string>& args);
 
+// `airhost stacks [ID] [--json] [--all-threads]` (stacks_command.cpp): every rank's Python
+// stacks of a live run, from its host's socket (launch/stacks_service.hpp). Throws ConfigError
+// for bad input (no live run, an unknown or ambiguous id, an ended run, another user's run).
+int stacks_command(const std::vector<std::string>& args);
+
 // `airhost submit [--to local|slurm] [--watch] [--dry-run] LAUNCH...` (submit_command.cpp).
 int submit_command(const std::vector<std::string>& args);
 

@@ -429,12 +429,15 @@ int cancel_command(const std::vector<std::string>& args) {
 
 }  // namespace
 
-bool is_run_command(const std::string& word) { return word == "runs" || word == "logs" || word == "cancel"; }
+bool is_run_command(const std::string& word) {
+  return word == "runs" || word == "logs" || word == "cancel" || word == "stacks";
+}
 
 int run_command(const std::string& word, const std::vector<std::string>& args) {
   try {
     if (word == "runs") return runs_command(args);
     if (word == "logs") return logs_command(args);
+    if (word == "stacks") return stacks_command(args);
     return cancel_command(args);
   } catch (const ConfigError& e) {
     return one_line_error(e.what());

@@ -25,6 +25,7 @@
 #include "launch/group_guard.hpp"
 #include "launch/log_stream.hpp"
 #include "launch/run_report.hpp"
+#include "launch/stacks_service.hpp"
 
 namespace airhost::detail {
 namespace {
@@ -38,8 +39,9 @@ constexpr std::size_t kMaxPassedFds = 8;
 constexpr uint64_t kDrainMs = 3000;
 
 // SIGUSR1 and SIGUSR2 end nothing: a scheduler's warning that the job's time is nearly up
-// (Slurm's --signal=USR1@90), passed to every rank to checkpoint on (forward_warning).
-constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2};
+// (Slurm's --signal=USR1@90), passed to every rank to checkpoint on (forward_warning). Nor
+// does SIGQUIT (Ctrl-\): it prints every rank's stacks and the run goes on (show_stacks).
+constexpr int kHandledSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGQUIT};
 constexpr int kSignalCount = sizeof kHandledSignals / sizeof kHandledSignals[0];
 
 template <typename H>
@@ -137,6 +139,9 @@ struct Supervisor::Impl {
   int warning_signal = 0;  // the last SIGUSR1/SIGUSR2 passed to the ranks
   std::vector<std::string> incomplete_logs;  // logs that stopped early, and why
   std::vector<std::string> trimmed_logs;     // logs whose middle log_max_bytes cut
+  // Every rank's stacks on demand: Ctrl-\, `airhost stacks` through the run's socket, and
+  // where each rank was when the timeout ended the run (stacks_service.hpp).
+  std::unique_ptr<StacksService> stacks;
 
   // cancel() and abort() come from other threads, through `async`.
   uv_async_t async{};
@@ -696,6 +701,7 @@ struct Supervisor::Impl {
     uv_close(as_handle(&output_timer), nullptr);
     uv_close(as_handle(&alive_timer), nullptr);
     escapees.close();
+    if (stacks) stacks->close();
     if (signal_count) {
       // libuv leaves a signal it stops watching at SIG_DFL; what the program had before the
       // run is put back instead (the CLI's handler: as PID 1 a signal at SIG_DFL would be
@@ -758,6 +764,8 @@ struct Supervisor::Impl {
         auto* self = static_cast<Impl*>(s->data);
         if (signum == SIGUSR1 || signum == SIGUSR2)
           self->guarded("passing a signal on", [&] { self->forward_warning(signum); });
+        else if (signum == SIGQUIT)
+          self->guarded("showing the ranks' stacks", [&] { self->show_stacks(""); });
         else
           self->guarded("handling a signal", [&] { self->begin_teardown(Outcome::interrupted, signum); });
       }, sig);
@@ -779,6 +787,47 @@ struct Supervisor::Impl {
                     std::to_string(sent) + " rank(s): checkpoint and stop (airhost.preemption_requested())");
     else
       plan.out->log(name + " again; passed to " + std::to_string(sent) + " rank(s)");
+  }
+
+  // Every rank's stacks, grouped, on the terminal (and in the host log), the full stacks in
+  // <run_dir>/stacks/<time>.txt; `then` runs once they are shown. Ranks take no harm: the
+  // signal they get only makes them write their stacks.
+  void show_stacks(const std::string& why, std::function<void()> then = {}) {
+    if (!stacks || phase == Phase::finished) {
+      if (then) then();
+      return;
+    }
+    if (!why.empty()) plan.out->say(why);
+    stacks->collect([this, then = std::move(then)](const StacksSnapshot& snap) {
+      guarded("showing the ranks' stacks", [&] {
+        if (console) console->end_open_lines(), flush_output();
+        const std::string text = render_text(snap, false);
+        std::size_t at = 0;
+        while (at < text.size()) {
+          const auto nl = text.find('\n', at);
+          plan.out->say(std::string_view(text).substr(at, nl == std::string::npos ? std::string::npos : nl - at));
+          at = nl == std::string::npos ? text.size() : nl + 1;
+        }
+        if (then) then();
+      });
+    });
+  }
+
+  void start_stacks() {
+    StacksService::Options o;
+    o.loop = &loop;
+    o.run_id = plan.context.run_id;
+    o.run_dir = plan.context.run_dir;
+    o.node = spec().node_rank;
+    o.ranks = [this] {
+      std::vector<StacksService::Rank> list;
+      for (auto& r : ranks)
+        list.push_back({r->report.rank, r->report.local_rank, r->report.pid, r->alive() && r->report.pid > 0});
+      return list;
+    };
+    stacks = std::make_unique<StacksService>(std::move(o));
+    if (const std::string why = stacks->start(); !why.empty())
+      plan.out->log("airhost stacks cannot reach this run (" + why + "); Ctrl-\\ still shows the stacks");
   }
 
   // Should this process die by SIGKILL, the guard ends what the ranks started. It gets the
@@ -855,6 +904,7 @@ struct Supervisor::Impl {
     });
     start_guard();
     make_ranks();
+    start_stacks();
 
     // starting: spawn every rank, unless the run is torn down meanwhile.
     for (auto& r : ranks) {
@@ -869,7 +919,12 @@ struct Supervisor::Impl {
     if (plan.time_limit.count() > 0) {
       uv_timer_start(&timeout_timer, [](uv_timer_t* t) {
         auto* self = static_cast<Impl*>(t->data);
-        self->guarded("the timeout", [&] { self->begin_teardown(Outcome::timed_out, SIGTERM); });
+        // Where each rank was, before they are stopped: no run ends by its timeout without it.
+        self->guarded("the timeout", [&] {
+          self->show_stacks("the timeout passed: where each rank is, before they are stopped", [self] {
+            self->begin_teardown(Outcome::timed_out, SIGTERM);
+          });
+        });
       }, static_cast<uint64_t>(plan.time_limit.count()), 0);
     }
     on_async();      // a cancel() or abort() that came before the loop could take it

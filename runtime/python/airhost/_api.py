@@ -632,6 +632,26 @@ class RunFuture(concurrent.futures.Future):
         if self._launch is not None:
             self._launch.cancel(sig)
 
+    def stacks(self, timeout: float = 30.0) -> dict:
+        """Every rank's Python stacks now, as `airhost stacks --json` gives them: "groups"
+        (ranks standing in the same place, the odd ones out first) and "ranks" (each rank's
+        threads and frames). The run goes on. ValueError when the run is not running."""
+        from . import _stacks
+
+        launch = self._launch
+        if launch is None or launch.run_dir is None or not self.running():
+            state = "ended" if self.done() else "not started"
+            where = f"; its last stacks are in {launch.run_dir}/stacks" if launch is not None and launch.run_dir else ""
+            raise ValueError(f"the run has {state}: no stacks to take{where}")
+        try:
+            return _stacks.ask(launch.run_dir, timeout)
+        except ConnectionError as e:
+            if self.done():
+                raise ValueError(f"the run ended meanwhile; its last stacks are in {launch.run_dir}/stacks") from None
+            if not os.path.exists(os.path.join(launch.run_dir, _stacks.SOCKET_NAME)):
+                raise ValueError("the run is starting: its ranks are not up yet, no stacks to take") from None
+            raise RuntimeError(str(e)) from None
+
 
 class DistributedFunction:
     """What `@distributed` makes of a function: calling it runs it here, once;

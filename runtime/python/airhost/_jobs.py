@@ -248,6 +248,18 @@ class Job:
             raise RuntimeError(f"cannot cancel run {self.run_id}: {_one_line(done.stderr)}")
         return self.state
 
+    def stacks(self) -> dict:
+        """Every rank's Python stacks now, as `airhost stacks --json` gives them: "groups"
+        (ranks standing in the same place, the odd ones out first) and "ranks" (each rank's
+        threads and frames). The run goes on. ValueError for a run that is not running (how
+        it ended and where its last stacks are), RuntimeError when its host does not answer."""
+        done = _cli("stacks", self.run_id, "--json")
+        if done.returncode == 2:
+            raise ValueError(_one_line(done.stderr))
+        if done.returncode != 0:
+            raise RuntimeError(_one_line(done.stderr))
+        return json.loads(done.stdout)
+
     def logs(self, rank: Optional[int] = None, node: Optional[int] = None, tail: Optional[int] = None) -> str:
         """The ranks' output so far (stdout, then stderr), as `airhost logs` prints it."""
         argv = ["logs", self.run_id]

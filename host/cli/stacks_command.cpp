@@ -1,0 +1,164 @@
+// stacks_command.cpp — `airhost stacks [ID] [--json] [--all-threads]`: every rank's Python
+// stacks of a live run, asked of its host through <run_dir>/host.sock (the host signals its
+// ranks, collects, groups and answers: launch/stacks_service.hpp). Bad input is one line and
+// exit 2: no live run, an unknown or ambiguous id, a run that has ended (how, and where its
+// last stacks are), a run of another user.
+#include <dirent.h>
+#include <poll.h>
+#include <pwd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "airhost/exit_code.hpp"
+#include "airhost/launch.hpp"
+#include "base/errors.hpp"
+#include "base/util.hpp"
+#include "cli/commands.hpp"
+#include "cli/run_records.hpp"
+#include "launch/stacks_service.hpp"
+
+namespace airhost::detail {
+namespace {
+
+// How long the host may take: the ranks' answers (3 s at most) and writing them down.
+constexpr int kAnswerMs = 30000;
+
+int owner_of(const std::string& dir) {
+  struct stat st{};
+  return ::stat(dir.c_str(), &st) == 0 ? static_cast<int>(st.st_uid) : -1;
+}
+
+std::string user_name(int uid) {
+  if (passwd* pw = ::getpwuid(static_cast<uid_t>(uid))) return pw->pw_name;
+  return "uid " + std::to_string(uid);
+}
+
+// The newest <dir>/stacks/<time>.txt, or "".
+std::string last_stacks(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir((dir + "/stacks").c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.size() > 4 && n.compare(n.size() - 4, 4, ".txt") == 0) names.push_back(n);
+    }
+    ::closedir(d);
+  }
+  if (names.empty()) return "";
+  return dir + "/stacks/" + *std::max_element(names.begin(), names.end());
+}
+
+std::string how_it_ended(const RunRecord& r) {
+  std::string s = r.state;
+  if (r.exit_code) s += " (exit " + std::to_string(*r.exit_code) + ")";
+  const std::string last = last_stacks(r.dir);
+  return s + (last.empty() ? "; no stacks were taken of it" : "; its last stacks: " + last);
+}
+
+// Connects, asks, reads the answer to EOF. Throws std::runtime_error when the host does not
+// answer.
+std::string ask_host(const RunRecord& run, const std::string& request) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  sockaddr_un addr;
+  int dir_fd = -1;
+  std::size_t len = 0;
+  try {
+    len = socket_address(run.dir, kHostSocketName, addr, dir_fd);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  const int rc = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), static_cast<socklen_t>(len));
+  const int err = errno;
+  if (dir_fd >= 0) ::close(dir_fd);
+  if (rc < 0) {
+    ::close(fd);
+    throw std::runtime_error("its host (pid " + std::to_string(run.host_pid) + ") does not answer on " + run.dir + "/" +
+                             kHostSocketName + " (" + std::strerror(err) + ")");
+  }
+  write_all(fd, request);
+  std::string answer;
+  const double deadline = now_seconds() + kAnswerMs / 1000.0;
+  char buf[65536];
+  for (;;) {
+    const int left = static_cast<int>((deadline - now_seconds()) * 1000);
+    pollfd p{fd, POLLIN, 0};
+    if (left <= 0 || ::poll(&p, 1, left) == 0) {
+      ::close(fd);
+      throw std::runtime_error("its host (pid " + std::to_string(run.host_pid) + ") did not answer within " +
+                               std::to_string(kAnswerMs / 1000) + " s");
+    }
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    answer.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return answer;
+}
+
+}  // namespace
+
+int stacks_command(const std::vector<std::string>& args) {
+  bool json = false, all_threads = false;
+  std::string wanted;
+  for (const auto& a : args) {
+    if (a == "--json") json = true;
+    else if (a == "--all-threads") all_threads = true;
+    else if (a.size() > 1 && a[0] == '-')
+      throw ConfigError("unknown flag '" + a + "' for airhost stacks; it takes a run id, --json and --all-threads");
+    else if (!wanted.empty()) throw ConfigError("airhost stacks takes one run id, got '" + wanted + "' and '" + a + "'");
+    else wanted = a;
+  }
+  const std::string root = default_runs_root();
+  const auto runs = list_runs(root);
+  const int me = static_cast<int>(::geteuid());
+  const RunRecord* run = nullptr;
+  if (wanted.empty()) {
+    for (const auto& r : runs)
+      if (r.state == "running" && owner_of(r.dir) == me) {
+        run = &r;
+        break;
+      }
+    if (!run) throw ConfigError("no live run of yours in " + root + " (airhost runs lists every run; airhost stacks ID names one)");
+  } else {
+    run = &resolve_run(runs, wanted, root);
+  }
+  if (const int owner = owner_of(run->dir); owner != me && owner >= 0)
+    throw ConfigError("run " + run->id + " belongs to " + user_name(owner) + "; airhost stacks shows your own runs only");
+  if (is_ended(run->state)) throw ConfigError("run " + run->id + " has ended: " + how_it_ended(*run));
+  if (run->state == "lost")
+    throw ConfigError("run " + run->id + " is not running (" + run->problem + "): " + how_it_ended(*run));
+  if (run->state == "starting") throw ConfigError("run " + run->id + " is starting (no run.json yet); ask again in a moment");
+  if (run->state != "running")
+    throw ConfigError("cannot tell whether run " + run->id + " runs here: " + run->problem +
+                      (run->hostname.empty() ? "" : "; ask on " + run->hostname));
+
+  std::string answer;
+  try {
+    answer = ask_host(*run, std::string("stacks") + (json ? " json" : "") + (all_threads ? " all-threads" : "") + "\n");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "airhost: run %s: %s\n", run->id.c_str(), e.what());
+    return to_int(ExitCode::generic_failure);
+  }
+  if (answer.empty() || answer.rfind("error: ", 0) == 0) {
+    std::fprintf(stderr, "airhost: run %s: its host gave no stacks%s%s", run->id.c_str(), answer.empty() ? "" : ": ",
+                 answer.empty() ? " (it may have ended meanwhile)\n" : answer.c_str() + 7);
+    return to_int(ExitCode::generic_failure);
+  }
+  std::fputs(answer.c_str(), stdout);
+  if (run->nnodes > 1 && !json)
+    std::fprintf(stderr, "airhost: run %s has %d nodes: these are node %d's ranks (its run directory's)\n", run->id.c_str(),
+                 run->nnodes, run->node_rank);
+  return 0;
+}
+
+}  // namespace airhost::detail

@@ -1,0 +1,103 @@
+// stacks.hpp — every rank's Python stacks, on demand: the dump a rank writes from a signal
+// handler, read back, grouped (ranks whose main threads stand in the same place are shown
+// once, the odd ones out first), and shown as text or JSON. Pure: no loop, no processes
+// (stacks_service.hpp asks the ranks and collects).
+//
+// The rank's side (runtime/rank_module.cpp, installed by bootstrap.py in cold and warm ranks
+// alike): on stacks_signal() it rewrites <run_dir>/stacks/rank-N.dump, from the signal
+// handler and without the GIL (CPython's _Py_DumpTracebackThreads, what faulthandler uses),
+// so a rank stuck in a C call that holds the GIL answers too:
+//
+//   airhost-stacks seq=7 pid=4242 main=139871234567
+//   Thread 0x00007f... (most recent call first):
+//     File "/x/train.py", line 12 in load_batch
+//     ...
+//   airhost-stacks-end seq=7
+//
+// `seq` is the host's request number (sigqueue's value), so a dump left by an earlier request
+// is never taken for this one's; `main` is the main thread's id.
+#pragma once
+
+#include <signal.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace airhost::detail {
+
+// The signal a rank dumps its stacks on: a real-time one, which neither the ranks (SIGUSR1
+// and SIGUSR2 carry a scheduler's warning) nor torch use.
+inline int stacks_signal() { return SIGRTMIN + 7; }
+inline constexpr const char* kStacksHeader = "airhost-stacks ";
+inline constexpr const char* kStacksEnd = "airhost-stacks-end ";
+
+struct StackFrame {
+  std::string file;
+  int line = -1;  // -1: CPython could not tell
+  std::string function;
+};
+
+struct ThreadStack {
+  unsigned long long id = 0;
+  bool main = false;     // the interpreter's main thread (where the training loop runs)
+  bool current = false;  // the thread that ran the signal handler
+  bool truncated = false;
+  std::vector<StackFrame> frames;  // innermost first, as CPython writes them
+};
+
+// One rank's answer, or what /proc says of a rank that gave none.
+struct RankStacks {
+  int rank = 0;
+  int local_rank = 0;
+  int node = 0;
+  int pid = 0;
+  bool answered = false;
+  std::string status;  // when not answered: "exited", or "no answer within 3 s"
+  std::string proc_state;  // /proc/PID/stat's state letter and name, e.g. "S (sleeping)"
+  std::string wchan;       // /proc/PID/wchan
+  std::string error;       // what CPython said instead of a stack, if anything
+  std::vector<ThreadStack> threads;  // main thread first
+};
+
+// The dump in `text` answering request `seq`, parsed; nullopt while its end line is not there
+// (the rank is still writing it, or has not begun).
+std::optional<RankStacks> parse_dump(std::string_view text, unsigned seq);
+
+// A thread that only waits for work: no Python frame at all, or its innermost frame in
+// threading.py, queue.py or selectors.py (a lock, a condition, a queue, a selector). The main
+// thread is never idle: where it waits is the answer.
+bool is_idle(const ThreadStack& t);
+
+// "file:line in function" of the innermost frame; "(no Python frame)" when there is none.
+std::string frame_text(const StackFrame& f);
+std::string where_text(const ThreadStack& t);
+const ThreadStack* main_thread(const RankStacks& r);
+
+// Ranks as compact ranges: {0, 2, 3, 4, 7} → "0,2-4,7".
+std::string rank_ranges(std::vector<int> ranks);
+
+// Ranks whose main threads stand in the same place (every frame, file, line and function)
+// are one group; ranks that gave no answer group by their /proc state. Smallest groups first
+// (the odd ones out); among groups of one size, those waiting in torch.distributed last (they
+// wait for the others); then by lowest rank. Each group: indexes into `ranks`.
+std::vector<std::vector<std::size_t>> group_ranks(const std::vector<RankStacks>& ranks);
+
+struct StacksSnapshot {
+  std::string run_id;
+  double taken_at = 0;
+  std::string file;  // the full stacks in the run directory; empty when it could not be written
+  std::vector<RankStacks> ranks;  // by rank
+};
+
+// The grouped summary for a terminal. Each group: its ranks, where their main thread is and
+// its stack (innermost first), each rank's node and pid; and, per rank, the other threads that
+// are not idle (all of them with `all_threads`).
+std::string render_text(const StacksSnapshot& s, bool all_threads);
+// The same as data (every thread, idle ones marked): run_id, taken_at, file, groups, ranks.
+std::string render_json(const StacksSnapshot& s);
+// Everything, for <run_dir>/stacks/<time>.txt: the summary, then every thread of every rank.
+std::string render_full(const StacksSnapshot& s);
+
+}  // namespace airhost::detail

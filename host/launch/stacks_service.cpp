@@ -1,0 +1,364 @@
+#include "launch/stacks_service.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <list>
+#include <optional>
+#include <sstream>
+#include <system_error>
+
+#include "base/util.hpp"
+#include "launch/run_dir.hpp"
+
+namespace airhost::detail {
+namespace {
+
+constexpr std::uint64_t kPollMs = 20;
+constexpr std::size_t kMaxRequest = 256;
+
+template <typename H>
+uv_handle_t* as_handle(H* h) { return reinterpret_cast<uv_handle_t*>(h); }
+
+std::string read_small_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+std::string state_name(char c) {
+  switch (c) {
+    case 'R': return "R (running)";
+    case 'S': return "S (sleeping)";
+    case 'D': return "D (disk sleep)";
+    case 'T': return "T (stopped)";
+    case 't': return "t (tracing stop)";
+    case 'Z': return "Z (zombie)";
+    case 'X': return "X (dead)";
+    case 'I': return "I (idle)";
+    default: return std::string(1, c);
+  }
+}
+
+std::string time_name(double t) {
+  const std::time_t secs = static_cast<std::time_t>(t);
+  std::tm tm{};
+  ::localtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  return buf;
+}
+
+}  // namespace
+
+std::size_t socket_address(const std::string& dir, const std::string& name, sockaddr_un& addr, int& dir_fd) {
+  addr = {};
+  addr.sun_family = AF_UNIX;
+  dir_fd = -1;
+  std::string path = dir + "/" + name;
+  if (path.size() >= sizeof addr.sun_path) {
+    dir_fd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (dir_fd < 0) throw std::system_error(errno, std::generic_category(), "cannot open " + dir);
+    path = "/proc/self/fd/" + std::to_string(dir_fd) + "/" + name;
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  return offsetof(sockaddr_un, sun_path) + path.size() + 1;
+}
+
+std::string proc_state(int pid) {
+  const std::string stat = read_small_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return "";
+  return state_name(stat[close + 2]);
+}
+
+std::string proc_wchan(int pid) {
+  std::string w = read_small_file("/proc/" + std::to_string(pid) + "/wchan");
+  while (!w.empty() && (w.back() == '\n' || w.back() == ' ')) w.pop_back();
+  return w;
+}
+
+bool catches_signal(int pid, int sig) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("SigCgt:", 0) != 0) continue;
+    const unsigned long long mask = std::strtoull(line.c_str() + 7, nullptr, 16);
+    return sig >= 1 && sig <= 64 && (mask >> (sig - 1)) & 1ULL;
+  }
+  return false;
+}
+
+struct StacksService::Impl {
+  Options opt;
+  std::string stacks_dir;
+  std::string socket_path;
+  bool listening = false, closed = false;
+  uv_pipe_t server{};
+  uv_timer_t timer{};
+  bool timer_ready = false;
+
+  // The request under way.
+  struct Target {
+    Rank rank;
+    std::optional<RankStacks> answer;
+  };
+  unsigned seq = 0;
+  bool busy = false;
+  std::uint64_t deadline = 0;
+  std::vector<Target> targets;
+  std::vector<Done> waiters;
+
+  // A client of the socket, from its connection until its answer is written.
+  struct Client {
+    Impl* self = nullptr;
+    uv_pipe_t pipe{};
+    std::string request;
+    std::string answer;
+    uv_write_t write{};
+    bool closing = false;
+  };
+  std::list<std::unique_ptr<Client>> clients;
+
+  explicit Impl(Options o) : opt(std::move(o)) {
+    stacks_dir = opt.run_dir + "/stacks";
+    socket_path = opt.run_dir + "/" + kHostSocketName;
+  }
+
+  std::string dump_path(int rank) const { return stacks_dir + "/rank-" + std::to_string(rank) + ".dump"; }
+
+  std::string start() {
+    uv_timer_init(opt.loop, &timer);
+    timer.data = this;
+    timer_ready = true;
+    try {
+      make_dirs(stacks_dir);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return listen();
+  }
+
+  std::string listen() {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return std::string("socket: ") + std::strerror(errno);
+    sockaddr_un addr;
+    int dir_fd = -1;
+    std::size_t len = 0;
+    try {
+      len = socket_address(opt.run_dir, kHostSocketName, addr, dir_fd);
+    } catch (const std::exception& e) {
+      ::close(fd);
+      return e.what();
+    }
+    ::unlink(socket_path.c_str());  // one left by an earlier attempt of this run
+    const mode_t old = ::umask(0177);
+    const int rc = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), static_cast<socklen_t>(len));
+    const int err = errno;
+    ::umask(old);
+    if (dir_fd >= 0) ::close(dir_fd);
+    if (rc < 0) {
+      ::close(fd);
+      return "cannot listen on " + socket_path + ": " + std::strerror(err);
+    }
+    uv_pipe_init(opt.loop, &server, 0);
+    server.data = this;
+    if (uv_pipe_open(&server, fd) < 0) {
+      ::close(fd);
+      uv_close(as_handle(&server), nullptr);
+      return "cannot watch " + socket_path;
+    }
+    listening = true;
+    if (int r = uv_listen(reinterpret_cast<uv_stream_t*>(&server), 8, [](uv_stream_t* s, int status) {
+          if (status >= 0) static_cast<Impl*>(s->data)->accept();
+        });
+        r < 0)
+      return "cannot listen on " + socket_path + ": " + uv_strerror(r);
+    return "";
+  }
+
+  void accept() {
+    auto c = std::make_unique<Client>();
+    c->self = this;
+    uv_pipe_init(opt.loop, &c->pipe, 0);
+    c->pipe.data = c.get();
+    Client* raw = c.get();
+    clients.push_back(std::move(c));
+    if (uv_accept(reinterpret_cast<uv_stream_t*>(&server), reinterpret_cast<uv_stream_t*>(&raw->pipe)) < 0)
+      return finish_client(raw);
+    uv_os_fd_t fd;
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (uv_fileno(as_handle(&raw->pipe), &fd) < 0 || ::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 ||
+        cred.uid != ::geteuid())
+      return finish_client(raw);  // another user's process: not a word
+    uv_read_start(
+        reinterpret_cast<uv_stream_t*>(&raw->pipe),
+        [](uv_handle_t*, size_t, uv_buf_t* buf) {
+          static char bytes[kMaxRequest];
+          *buf = uv_buf_init(bytes, sizeof bytes);
+        },
+        [](uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
+          auto* cl = static_cast<Client*>(s->data);
+          cl->self->on_client_read(cl, n, buf);
+        });
+  }
+
+  void on_client_read(Client* c, ssize_t n, const uv_buf_t* buf) {
+    if (n < 0) return finish_client(c);
+    c->request.append(buf->base, static_cast<std::size_t>(n));
+    const auto nl = c->request.find('\n');
+    if (nl == std::string::npos) {
+      if (c->request.size() > kMaxRequest) finish_client(c);
+      return;
+    }
+    uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->pipe));
+    std::istringstream words(c->request.substr(0, nl));
+    std::string word;
+    bool json = false, all = false, stacks = false;
+    while (words >> word) {
+      if (word == "stacks") stacks = true;
+      else if (word == "json") json = true;
+      else if (word == "all-threads") all = true;
+    }
+    if (!stacks) return reply(c, "error: unknown request\n");
+    collect([this, c, json, all](const StacksSnapshot& s) { reply(c, json ? render_json(s) : render_text(s, all)); });
+  }
+
+  void reply(Client* c, std::string text) {
+    if (c->closing) return;
+    c->answer = std::move(text);
+    uv_buf_t b = uv_buf_init(c->answer.data(), static_cast<unsigned>(c->answer.size()));
+    c->write.data = c;
+    if (uv_write(&c->write, reinterpret_cast<uv_stream_t*>(&c->pipe), &b, 1, [](uv_write_t* w, int) {
+          auto* cl = static_cast<Client*>(w->data);
+          cl->self->finish_client(cl);
+        }) < 0)
+      finish_client(c);
+  }
+
+  void finish_client(Client* c) {
+    if (c->closing) return;
+    c->closing = true;
+    uv_close(as_handle(&c->pipe), [](uv_handle_t* h) {
+      auto* cl = static_cast<Client*>(h->data);
+      auto& list = cl->self->clients;
+      for (auto it = list.begin(); it != list.end(); ++it)
+        if (it->get() == cl) {
+          list.erase(it);
+          break;
+        }
+    });
+  }
+
+  // ---- collecting ----------------------------------------------------------------------
+
+  void collect(Done done) {
+    waiters.push_back(std::move(done));
+    if (busy || closed) return;
+    busy = true;
+    ++seq;
+    targets.clear();
+    const int sig = stacks_signal();
+    for (const Rank& r : opt.ranks()) {
+      Target t{r, std::nullopt};
+      if (!r.alive) {
+        t.answer = RankStacks{};
+        t.answer->status = "exited";
+      } else if (!catches_signal(r.pid, sig)) {
+        t.answer = RankStacks{};
+        t.answer->status = "no answer: it is not ready for the request yet (starting)";
+        t.answer->proc_state = proc_state(r.pid);
+        t.answer->wchan = proc_wchan(r.pid);
+      } else {
+        sigval v{};
+        v.sival_int = static_cast<int>(seq);
+        if (::sigqueue(r.pid, sig, v) != 0) {
+          t.answer = RankStacks{};
+          t.answer->status = "exited";
+        }
+      }
+      if (t.answer) t.answer->pid = r.pid;
+      targets.push_back(std::move(t));
+    }
+    deadline = uv_now(opt.loop) + static_cast<std::uint64_t>(opt.wait.count());
+    uv_timer_start(&timer, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->poll(); }, 0, kPollMs);
+  }
+
+  void poll() {
+    bool all = true;
+    for (auto& t : targets) {
+      if (t.answer) continue;
+      if (auto a = parse_dump(read_small_file(dump_path(t.rank.rank)), seq)) t.answer = std::move(a);
+      else all = false;
+    }
+    if (!all && uv_now(opt.loop) < deadline) return;
+    uv_timer_stop(&timer);
+    StacksSnapshot snap;
+    snap.run_id = opt.run_id;
+    snap.taken_at = now_seconds();
+    const double secs = static_cast<double>(opt.wait.count()) / 1000.0;
+    char wait_text[32];
+    std::snprintf(wait_text, sizeof wait_text, "%g", secs);
+    for (auto& t : targets) {
+      RankStacks r = t.answer ? std::move(*t.answer) : RankStacks{};
+      if (!t.answer) {
+        r.status = std::string("no answer within ") + wait_text + " s";
+        r.proc_state = proc_state(t.rank.pid);
+        r.wchan = proc_wchan(t.rank.pid);
+      }
+      r.rank = t.rank.rank;
+      r.local_rank = t.rank.local_rank;
+      r.node = opt.node;
+      r.pid = t.rank.pid;
+      snap.ranks.push_back(std::move(r));
+    }
+    snap.file = write_snapshot(snap);
+    busy = false;
+    auto done = std::move(waiters);
+    waiters.clear();
+    for (auto& d : done) d(snap);
+  }
+
+  std::string write_snapshot(StacksSnapshot& snap) {
+    std::string path = stacks_dir + "/" + time_name(snap.taken_at) + ".txt";
+    for (int k = 2; ::access(path.c_str(), F_OK) == 0; ++k)
+      path = stacks_dir + "/" + time_name(snap.taken_at) + "-" + std::to_string(k) + ".txt";
+    snap.file = path;  // named in its own summary
+    try {
+      write_file_atomic(path, render_full(snap));
+      return path;
+    } catch (const std::exception&) {
+      return "";
+    }
+  }
+
+  void close() {
+    if (closed) return;
+    closed = true;
+    waiters.clear();
+    if (timer_ready) uv_close(as_handle(&timer), nullptr);
+    if (listening) {
+      uv_close(as_handle(&server), nullptr);
+      ::unlink(socket_path.c_str());
+    }
+    for (auto& c : clients)
+      if (!c->closing) finish_client(c.get());
+  }
+};
+
+StacksService::StacksService(Options options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+StacksService::~StacksService() = default;
+std::string StacksService::start() { return impl_->start(); }
+void StacksService::collect(Done done) { impl_->collect(std::move(done)); }
+void StacksService::close() { impl_->close(); }
+
+}  // namespace airhost::detail

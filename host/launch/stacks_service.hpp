@@ -1,0 +1,82 @@
+// stacks_service.hpp — the host's side of `airhost stacks`: asking every rank of this node for
+// its Python stacks and collecting the answers, on the supervisor's loop.
+//
+//   collect():  each live rank that has airhost's handler (/proc/PID/status SigCgt: a rank
+//               still starting, before bootstrap.py installed it, would die of the signal's
+//               default action) gets stacks_signal() by sigqueue with the request's number;
+//               its handler rewrites <run_dir>/stacks/rank-N.dump. A timer reads the dumps
+//               every 20 ms until each has its end line or `wait` passed; a rank that did not
+//               answer is named with /proc's state and wchan. The snapshot goes to
+//               <run_dir>/stacks/<time>.txt (every thread of every rank), then to the callers.
+//               Requests that come while one is under way share its answer.
+//   the socket: <run_dir>/host.sock (0600, in the 0700 run directory; a peer of another uid
+//               is refused by SO_PEERCRED). A client writes one line, "stacks [json]
+//               [all-threads]\n", and reads the answer, text or JSON, to EOF. Another node's
+//               host can later answer the same request over the node link.
+#pragma once
+
+#include <sys/un.h>
+#include <uv.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "launch/stacks.hpp"
+
+namespace airhost::detail {
+
+inline constexpr const char* kHostSocketName = "host.sock";
+
+// A unix socket address for `dir`/`name`, also where the path is longer than sun_path holds
+// (a deep run directory): then through /proc/self/fd/N of the directory, opened into
+// `dir_fd` (the caller closes it once bound or connected; -1 when not needed). Throws
+// std::system_error.
+std::size_t socket_address(const std::string& dir, const std::string& name, sockaddr_un& addr, int& dir_fd);
+
+// What /proc says of `pid`: "S (sleeping)" and its wchan; empty when it cannot be read.
+std::string proc_state(int pid);
+std::string proc_wchan(int pid);
+// Whether `pid` has a handler for `sig` (SigCgt of /proc/PID/status).
+bool catches_signal(int pid, int sig);
+
+class StacksService {
+ public:
+  struct Rank {
+    int rank = 0;
+    int local_rank = 0;
+    int pid = 0;
+    bool alive = false;
+  };
+  struct Options {
+    uv_loop_t* loop = nullptr;
+    std::string run_id;
+    std::string run_dir;
+    int node = 0;
+    std::function<std::vector<Rank>()> ranks;  // this node's ranks, now
+    std::chrono::milliseconds wait{3000};      // for the ranks' answers
+  };
+  using Done = std::function<void(const StacksSnapshot&)>;
+
+  explicit StacksService(Options options);
+  ~StacksService();
+  StacksService(const StacksService&) = delete;
+  StacksService& operator=(const StacksService&) = delete;
+
+  // Makes <run_dir>/stacks and listens on the socket. Returns why it cannot listen, or "":
+  // collect() works either way.
+  std::string start();
+  // Asks every rank; `done` gets the snapshot on the loop's thread, within `wait` and a tick.
+  void collect(Done done);
+  // Closes the socket (removing its file), the timer and every client; pending callers get
+  // nothing. Call on the loop's thread before it ends.
+  void close();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace airhost::detail

@@ -1,0 +1,43 @@
+"""Every rank's Python stacks of a live run, asked of its host (`airhost stacks`).
+
+The host listens on <run_dir>/host.sock (host/launch/stacks_service.hpp): one request line,
+the answer to EOF. The answer is the data of `airhost stacks --json`: "groups" (ranks whose
+main threads stand in the same place, the odd ones out first, each with "ranks", "ranges" and
+"where") and "ranks" (each rank's node, pid, "where" and every thread's frames, innermost
+first), and "file", the full stacks the host wrote into the run directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+SOCKET_NAME = "host.sock"
+
+
+def ask(run_dir: str, timeout: float = 30.0) -> dict:
+    """The stacks of the run whose directory is `run_dir`, from its host. Raises
+    ConnectionError when no host answers there (the run has ended, or not begun)."""
+    path = os.path.join(run_dir, SOCKET_NAME)
+    dir_fd = -1
+    if len(os.fsencode(path)) >= 108:  # longer than sun_path: through the directory's descriptor
+        dir_fd = os.open(run_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        path = f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}"
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            try:
+                s.connect(path)
+            except (FileNotFoundError, ConnectionRefusedError) as e:
+                raise ConnectionError(f"no airhost host answers in {run_dir} ({e.strerror})") from None
+            s.sendall(b"stacks json\n")
+            chunks = []
+            while data := s.recv(1 << 16):
+                chunks.append(data)
+    finally:
+        if dir_fd >= 0:
+            os.close(dir_fd)
+    answer = b"".join(chunks)
+    if not answer or answer.startswith(b"error: "):
+        raise ConnectionError(f"the host in {run_dir} gave no stacks: {answer.decode(errors='replace').strip()}")
+    return json.loads(answer)

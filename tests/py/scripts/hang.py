@@ -1,0 +1,44 @@
+"""A hang, for `airhost stacks`: rank 0 waits in all_reduce while rank 1 is elsewhere.
+
+    hang.py loop DIR   rank 1 loops in load_batch() until DIR/release exists
+    hang.py c DIR      rank 1 sits in a C call that holds the GIL (libc sleep through
+                       ctypes.PyDLL) in stuck_in_c(), until DIR/release exists
+
+Each rank creates DIR/ready-RANK once the group is up; then both all-reduce and exit 0."""
+import ctypes
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+MODE, DIR = sys.argv[1], sys.argv[2]
+RELEASE = os.path.join(DIR, "release")
+
+
+def load_batch():
+    # Busy in this very frame (builtins only), looking for the release file 5 times a second.
+    while True:
+        until = time.monotonic() + 0.2
+        while time.monotonic() < until:
+            sum(range(1000))
+        if os.path.exists(RELEASE):
+            return
+
+
+def stuck_in_c():
+    libc = ctypes.PyDLL(None)  # PyDLL: the GIL stays held through the call
+    while not os.path.exists(RELEASE):
+        libc.sleep(2)  # a signal cuts it short (EINTR); the loop sleeps again
+
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+open(os.path.join(DIR, f"ready-{rank}"), "w").close()
+if rank == 1:
+    load_batch() if MODE == "loop" else stuck_in_c()
+t = torch.ones(1)
+dist.all_reduce(t)
+print(f"rank {rank} sum={t.item():g}", flush=True)
+dist.destroy_process_group()

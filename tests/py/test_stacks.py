@@ -1,0 +1,186 @@
+"""`airhost stacks`, Ctrl-\\ and the timeout's report: every rank's Python stacks of a live run,
+grouped, the odd one out first. Real gloo ranks: rank 0 waits in all_reduce while rank 1 is
+elsewhere (tests/py/scripts/hang.py), in a Python loop or in a C call that holds the GIL."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import script, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "api_scripts"))
+import _helpers  # noqa: E402
+from _fixtures import api_tmp  # noqa: E402,F401
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Hang:
+    """A background `airhost hang.py MODE` of 2 ranks, and `airhost stacks` on its runs root."""
+
+    def __init__(self, airhost, tmp_path: Path, mode: str, *flags):
+        self.airhost = airhost
+        self.dir = tmp_path / "hang"
+        self.dir.mkdir()
+        self.started = airhost.start(script("hang.py"), "-n", "2", *flags, "--", mode, self.dir)
+        self.env = airhost.env(self.started.runs_root)
+        wait_for(lambda: all((self.dir / f"ready-{r}").exists() for r in (0, 1)), 60, "both ranks in the group")
+
+    def stacks(self, *args) -> subprocess.CompletedProcess:
+        return subprocess.run([self.airhost.binary, "stacks", *map(str, args)], env=self.env, capture_output=True,
+                              text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+    def stacks_json(self, *args) -> dict:
+        done = self.stacks(*args, "--json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def settled(self) -> dict:
+        """The stacks once rank 0 is in all_reduce (it enters it a moment after ready-0)."""
+        def ready():
+            data = self.stacks_json()
+            return data if "in all_reduce" in data["ranks"][0]["where"] else None
+        return wait_for(ready, 30, "rank 0 waiting in all_reduce")
+
+    def release(self):
+        (self.dir / "release").touch()
+        return self.started.finish(timeout=60)
+
+
+def test_stacks_name_the_rank_in_its_data_loading_first_and_the_others_all_reduce(airhost, tmp_path):
+    hang = Hang(airhost, tmp_path, "loop")
+    data = hang.settled()
+    first, second = data["groups"]
+    assert first["ranks"] == [1] and first["where"].endswith("in load_batch"), data["groups"]
+    assert "hang.py:" in first["where"]
+    assert second["ranks"] == [0] and second["where"].endswith("in all_reduce"), data["groups"]
+    rank1 = data["ranks"][1]
+    assert rank1["answered"] and rank1["node"] == 0 and rank1["pid"] > 0
+    main = rank1["threads"][0]
+    assert main["main"] and [f["function"] for f in main["frames"]][:1] == ["load_batch"]
+    assert Path(data["file"]).is_file() and Path(data["file"]).parent.name == "stacks"
+
+    done = hang.stacks()  # the text: the odd one out first, with its rank, node, pid and frame
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("stacks of run ") and "2 ranks in 2 groups" in lines[0], done.stdout
+    heads = [line for line in lines if line.startswith("rank")]
+    assert heads[0].startswith(f"rank 1 (node 0, pid {rank1['pid']}) is in ") and heads[0].endswith("in load_batch"), heads
+    assert heads[1].startswith("rank 0 (node 0, pid ") and heads[1].endswith("in all_reduce"), heads
+
+    run = hang.release()
+    run.assert_rc(0)
+    assert [r["state"] for r in run.ranks] == ["succeeded", "succeeded"]
+
+
+def test_a_rank_in_a_c_call_that_holds_the_gil_answers_too(airhost, tmp_path):
+    hang = Hang(airhost, tmp_path, "c")
+    data = hang.settled()
+    assert data["groups"][0]["ranks"] == [1], data["groups"]
+    rank1 = data["ranks"][1]
+    assert rank1["answered"], rank1
+    assert rank1["where"].endswith("in stuck_in_c") and "hang.py:" in rank1["where"], rank1
+    hang.release().assert_rc(0)
+
+
+def test_a_rank_that_cannot_answer_is_named_with_its_proc_state(airhost, tmp_path):
+    hang = Hang(airhost, tmp_path, "loop")
+    pid = hang.settled()["ranks"][1]["pid"]
+    assert pid > 0  # never 0: os.kill(0, ...) would stop this very process group
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        data = hang.stacks_json()
+        took = time.monotonic() - t0
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert took < 10, took
+    rank1 = data["ranks"][1]
+    assert not rank1["answered"] and rank1["status"].startswith("no answer within"), rank1
+    assert rank1["proc_state"].startswith("T"), rank1
+    assert data["ranks"][0]["answered"]
+    assert data["groups"][0]["ranks"] == [1] and "state T" in data["groups"][0]["where"], data["groups"]
+    hang.release().assert_rc(0)
+
+
+def test_ctrl_backslash_prints_the_stacks_writes_them_down_and_the_run_goes_on(airhost, tmp_path):
+    hang = Hang(airhost, tmp_path, "loop")
+    hang.settled()
+    run_dir = hang.started.run_dir()
+    before = set((run_dir / "stacks").glob("*.txt"))
+    hang.started.signal(signal.SIGQUIT)
+    new = wait_for(lambda: set((run_dir / "stacks").glob("*.txt")) - before, 15, "a new stacks/<time>.txt")
+    text = next(iter(new)).read_text()
+    assert "rank 1 (node 0, pid " in text and "in load_batch" in text, text
+    assert "==== rank 0" in text and "in all_reduce" in text, text
+    run = hang.release()
+    run.assert_rc(0)
+    err = run.err
+    assert "airhost: stacks of run " in err, run.describe()
+    assert err.index("airhost: rank 1 (node 0") < err.index("airhost: rank 0 (node 0"), run.describe()
+    assert "in load_batch" in err
+    assert run.run_json["state"] == "succeeded"
+
+
+def test_a_run_ended_by_its_timeout_says_where_each_rank_was(airhost, tmp_path):
+    hang = Hang(airhost, tmp_path, "loop", "--timeout", "6")
+    run = hang.started.finish(timeout=60)
+    run.assert_rc(124)
+    err = run.err
+    assert "the timeout passed: where each rank is" in err, run.describe()
+    assert "airhost: rank 1 (node 0" in err and "in load_batch" in err, run.describe()
+    assert list((run.run_dir / "stacks").glob("*.txt")), "no stacks file"
+
+
+def test_stacks_of_the_python_api_future_and_of_a_job(api_tmp):
+    caller = _helpers.run_scenario(api_tmp, "stacks_api.py", "future", api_tmp)
+    out = caller.ok().result
+    assert out["groups"][0]["ranks"] == [1] and out["groups"][0]["where"].endswith("in load_batch"), out
+    assert out["rank0"].endswith("in all_reduce"), out
+    assert out["results"] == [2.0, 2.0]
+    assert [g["ranks"] for g in out["job_groups"]] == [[1], [0]], out["job_groups"]
+    assert out["job_groups"][0]["where"].endswith("in load_batch")
+    assert out["after"]["future"].startswith("ValueError: the run has ended"), out
+    assert out["after"]["job"].startswith("ValueError: run ") and "has ended: succeeded (exit 0)" in out["after"]["job"], out
+
+
+def test_bad_input_is_one_line_and_exit_2(airhost, tmp_path):
+    root = tmp_path / "runs"
+    env = airhost.env(root)
+
+    def stacks(*args):
+        done = subprocess.run([airhost.binary, "stacks", *args], env=env, capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL)
+        assert done.returncode == 2, (args, done.stdout, done.stderr)
+        assert done.stdout == "" and len(done.stderr.splitlines()) == 1, done.stderr
+        return done.stderr
+
+    assert "no live run of yours" in stacks()
+    assert "unknown flag '--bogus'" in stacks("--bogus")
+    # A run that ended, with its last stacks: the timeout's report left them.
+    ended = airhost(script("sleeper.py"), "--timeout", "2", "--", "--sleep", "30")
+    ended.assert_rc(124)
+    env["AIRHOST_RUNS_DIR"] = str(ended.runs_root)
+    assert "no live run of yours" in stacks()
+    line = stacks("latest")
+    assert f"run {ended.run_id} has ended: timed_out (exit 124); its last stacks: {ended.run_dir}/stacks/" in line, line
+    assert "no run 'nope'" in stacks("nope")
+    # Two runs whose ids share a prefix: ambiguous.
+    for suffix in ("aaaaaa", "bbbbbb"):
+        d = ended.runs_root / f"20990101-000000-{suffix}"
+        d.mkdir()
+        (d / "run.json").write_text(json.dumps({"run_id": d.name, "state": "succeeded", "exit_code": 0}))
+    assert "20990101-000000" in stacks("20990101-000000") and "ambiguous" in stacks("20990101-000000").lower()
+    # Another user's live run.
+    other = ended.runs_root / "20990102-000000-cccccc"
+    other.mkdir()
+    (other / "run.json").write_text(json.dumps({"run_id": other.name, "state": "running", "host_pid": os.getpid(),
+                                                "hostname": os.uname().nodename}))
+    if os.geteuid() == 0:
+        os.chown(other, 4242, 4242)
+        assert "belongs to" in stacks("20990102") and "your own runs only" in stacks("20990102")
