@@ -184,3 +184,20 @@ def test_bad_input_is_one_line_and_exit_2(airhost, tmp_path):
     if os.geteuid() == 0:
         os.chown(other, 4242, 4242)
         assert "belongs to" in stacks("20990102") and "your own runs only" in stacks("20990102")
+
+
+def test_warm_started_ranks_answer_too(airhost, tmp_path):
+    from test_warm import Warm
+
+    warm = Warm(airhost, tmp_path)
+    warm.start("--preload", "torch")
+    try:
+        hang = Hang(airhost, tmp_path, "loop")
+        data = hang.settled()
+        assert [g["ranks"] for g in data["groups"]] == [[1], [0]], data["groups"]
+        assert data["groups"][0]["where"].endswith("in load_batch"), data["groups"]
+        run = hang.release()
+        run.assert_rc(0)
+        assert "warm start (server pid" in run.err, run.err
+    finally:
+        warm.stop()
