@@ -103,6 +103,11 @@ void ConsoleWriter::queue_skip_note() {
   last_was_newline_ = true;
 }
 
+bool ConsoleWriter::behind() const {
+  std::lock_guard lock(mutex_);
+  return !broken_ && queued_ >= cap_ && std::chrono::steady_clock::now() - last_progress_ <= kStalledAfter;
+}
+
 std::uint64_t ConsoleWriter::skipped_bytes() const {
   std::lock_guard lock(mutex_);
   return skipped_total_;

@@ -38,13 +38,19 @@ class ConsoleWriter {
   bool drain(std::chrono::milliseconds timeout);
 
   std::uint64_t skipped_bytes() const;  // so far, in all
+  // The queue is at its cap and the reader is taking it, only slower than it comes: the host
+  // should stop reading the ranks for a while, so that they wait on their full pipes as under
+  // plain `python` (nothing is lost). False once the reader is stalled: then output is skipped.
+  bool behind() const;
   // Stops the writer: what the reader cannot take at once is dropped. Returns every byte it
   // never wrote (skipped, or dropped now). write() queues nothing after it.
   std::uint64_t close();
 
   static constexpr std::size_t kDefaultCap = 8u << 20;
   // A reader that took nothing for this long, with the queue past its cap, is stalled.
-  static constexpr auto kStalledAfter = std::chrono::milliseconds(500);
+  // Long enough that a reader cut off the CPU on a busy machine is not taken for a stalled
+  // one; short enough that ranks held back by behind() wait no longer than that on one.
+  static constexpr auto kStalledAfter = std::chrono::milliseconds(1000);
 
  private:
   void run();

@@ -64,7 +64,7 @@ void LiveSplitter::add_text(std::string_view text, std::uint64_t now_ms, const E
     emit({ConsoleEvent::Kind::text, text});
     return;
   }
-  if (held_.empty()) held_since_ = now_ms;
+  if (held_.empty()) held_since_ = held_first_ = now_ms;
   held_.append(text);
   if (held_.size() >= max_held_) show_held(emit);
 }

@@ -85,6 +85,19 @@ class LiveSplitter {
     if (held_.empty()) return kNever;
     return held_since_ + (held_.size() >= kInTransitBytes ? std::max(quiet_ms_, kInTransitMs) : quiet_ms_);
   }
+  // The host did not read the rank for a while (the console was behind): the rest of a held
+  // line may be waiting in the pipe, so its quiet spell starts again now.
+  void postpone(std::uint64_t now_ms) noexcept {
+    if (!held_.empty()) held_since_ = held_first_ = now_ms;
+  }
+  // The quiet spell is over but the writer is still running (on a busy machine, cut off the
+  // CPU between two writes of one line): holds the line one more quiet spell, up to
+  // kInTransitMs in all. False when nothing is held or it has been held that long.
+  bool extend(std::uint64_t now_ms) noexcept {
+    if (held_.empty() || now_ms - held_first_ >= std::max(quiet_ms_, kInTransitMs)) return false;
+    held_since_ = now_ms;
+    return true;
+  }
   // Shows what is held and ends the line: something else (a host note) needs a line of its own.
   void break_line(const Emit& emit);
   // At EOF: shows what is held and ends an unfinished line.
@@ -97,7 +110,8 @@ class LiveSplitter {
   std::size_t max_held_;
   std::uint64_t quiet_ms_;
   std::string held_;              // the current line's bytes not shown yet
-  std::uint64_t held_since_ = 0;  // when held_ got its first byte
+  std::uint64_t held_since_ = 0;  // when held_ got its first byte (or was last extended)
+  std::uint64_t held_first_ = 0;  // when held_ got its first byte
   bool shown_ = false;            // part of the current line is on the console: show the rest at once
   bool cr_pending_ = false;       // the last byte was a '\r'; the next one says which kind
 };
@@ -167,6 +181,8 @@ class RankStream {
 
   void feed(std::string_view bytes, std::uint64_t now_ms);
   void tick(std::uint64_t now_ms) { live_.tick(now_ms, on_show_); }
+  void postpone(std::uint64_t now_ms) noexcept { live_.postpone(now_ms); }
+  bool extend(std::uint64_t now_ms) noexcept { return live_.extend(now_ms); }
   std::uint64_t deadline() const noexcept { return live_.deadline(); }
   // airhost's own line about the rank (no '\n'): on the console as a line of its own, under
   // the rank's name. Not in the log, nor to on_line: those are the rank's bytes alone.

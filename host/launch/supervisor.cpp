@@ -235,6 +235,14 @@ struct Supervisor::Impl {
   // A partial line is held this long for its end before it is shown (LiveSplitter).
   static constexpr std::uint64_t kQuietMs = 150;
   uv_timer_t output_timer{};  // shows held partial lines when their quiet spell is over
+  // A console reader that takes the output slower than the ranks make it (a pipe into a busy
+  // program, a slow terminal) holds the ranks back, as under plain `python`: the host stops
+  // reading their stdout and stderr while the writer is behind() and starts again when it has
+  // room, or when the reader stalls (then the writer skips, and says so). The loop itself
+  // never waits: timers, signals and control frames go on.
+  uv_timer_t resume_timer{};
+  bool reading_held = false;
+  static constexpr std::uint64_t kResumeCheckMs = 5;
 
   void on_line(Rank& r, Stream stream, std::string_view line) {
     const auto& cb = plan.callbacks->on_output;
@@ -247,6 +255,37 @@ struct Supervisor::Impl {
     if (!out.ranks.empty() && !out.ranks.count(r.report.rank)) return;
     console->show(r.report.rank, stream, out.prefix ? std::string_view(r.prefix) : std::string_view(), event);
     if (console->pending_bytes() >= kFlushAt) flush_output();
+  }
+
+  bool console_behind() const {
+    for (ConsoleWriter* w : {plan.out->out(), plan.out->err()})
+      if (w && w->behind()) return true;
+    return false;
+  }
+
+  void hold_reading_if_behind() {
+    if (reading_held || phase == Phase::finished || !console_behind()) return;
+    reading_held = true;
+    for (auto& r : ranks)
+      for (Channel* c : {&r->out, &r->err})
+        if (c->open) uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->pipe));
+    uv_timer_start(&resume_timer, [](uv_timer_t* t) {
+      auto* self = static_cast<Impl*>(t->data);
+      self->guarded("reading rank output again", [&] { self->resume_reading_if_room(); });
+    }, kResumeCheckMs, kResumeCheckMs);
+  }
+
+  void resume_reading_if_room() {
+    if (!reading_held || (console_behind() && phase != Phase::finished)) return;
+    reading_held = false;
+    uv_timer_stop(&resume_timer);
+    const std::uint64_t now = uv_now(&loop);
+    for (auto& r : ranks) {
+      r->out_stream->postpone(now), r->err_stream->postpone(now);
+      for (Channel* c : {&r->out, &r->err})
+        if (c->open) start_reading(*c);
+    }
+    arm_output_timer();
   }
 
   void flush_output() {
@@ -278,9 +317,27 @@ struct Supervisor::Impl {
     }, due > now ? due - now : 0, 0);
   }
 
+  // A held line start whose quiet spell is over is shown, unless its end may still come:
+  //  - libuv runs timers before it polls, so after the loop itself was off the CPU the rest
+  //    may be in the pipe already: what is there is read first;
+  //  - a rank that is running (state R: computing, or runnable but cut off the CPU on a busy
+  //    machine) may be between two writes of one line; one waiting (at input(), in a sleep)
+  //    is not. The line of a running rank is held on, up to kInTransitMs.
   void on_output_timer() {
+    if (reading_held) return;  // the rest of a held line may be in the pipe: see resume_reading_if_room
     const std::uint64_t now = uv_now(&loop);
-    for (auto& r : ranks) r->out_stream->tick(now), r->err_stream->tick(now);
+    for (auto& r : ranks) {
+      for (int which : {1, 2}) {
+        RankStream& stream = which == 1 ? *r->out_stream : *r->err_stream;
+        if (stream.deadline() > now) continue;
+        read_now(which == 1 ? r->out : r->err);
+        if (stream.deadline() > now) continue;  // the line ended
+        ProcStat st;
+        if (r->alive() && read_proc_stat(static_cast<int>(r->report.pid), st) && st.state == 'R' && stream.extend(now))
+          continue;
+        stream.tick(now);
+      }
+    }
     flush_output();
     arm_output_timer();
   }
@@ -350,9 +407,26 @@ struct Supervisor::Impl {
       }
       flush_output();
       arm_output_timer();
+      hold_reading_if_behind();
       return;
     }
     if (nread < 0) close_channel(c);  // UV_EOF or an error: either way this pipe is done
+  }
+
+  // What a rank's pipe holds now, read past libuv (the pipe is non-blocking) and fed as
+  // on_read does; EOF and errors are left for libuv's own read to see.
+  void read_now(Channel& c) {
+    if (!c.open || reading_held) return;
+    uv_os_fd_t fd;
+    if (uv_fileno(as_handle(&c.pipe), &fd) < 0) return;
+    for (int reads = 0; reads < 16; ++reads) {
+      const ssize_t n = ::read(fd, read_buffer.data(), read_buffer.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      const uv_buf_t buf = uv_buf_init(read_buffer.data(), static_cast<unsigned>(n));
+      on_read(c, n, &buf);
+      if (reading_held) return;
+    }
   }
 
   void on_control_bytes(Channel& c, std::string_view bytes) {
@@ -448,7 +522,15 @@ struct Supervisor::Impl {
     }
     fd.release();
     c.open = true;
-    const int rc = uv_read_start(
+    if (reading_held) return;  // started with the others when the console has room again
+    if (const int rc = start_reading(c); rc < 0) {
+      close_channel(c);
+      throw std::system_error(-rc, std::generic_category(), "cannot read a rank's output (uv_read_start)");
+    }
+  }
+
+  int start_reading(Channel& c) {
+    return uv_read_start(
         reinterpret_cast<uv_stream_t*>(&c.pipe),
         [](uv_handle_t* h, size_t, uv_buf_t* buf) {
           auto* sup = static_cast<Channel*>(h->data)->rank->sup;
@@ -458,10 +540,6 @@ struct Supervisor::Impl {
           auto* ch = static_cast<Channel*>(s->data);
           ch->rank->sup->guarded("reading a rank's output", [&] { ch->rank->sup->on_read(*ch, n, buf); });
         });
-    if (rc < 0) {
-      close_channel(c);
-      throw std::system_error(-rc, std::generic_category(), "cannot read a rank's output (uv_read_start)");
-    }
   }
 
   // Takes `fd` over, like open_channel; the channel closes it after its poll handle is closed.
@@ -699,6 +777,7 @@ struct Supervisor::Impl {
     uv_close(as_handle(&timeout_timer), nullptr);
     uv_close(as_handle(&grace_timer), nullptr);
     uv_close(as_handle(&output_timer), nullptr);
+    uv_close(as_handle(&resume_timer), nullptr);
     uv_close(as_handle(&alive_timer), nullptr);
     escapees.close();
     if (stacks) stacks->close();
@@ -874,8 +953,9 @@ struct Supervisor::Impl {
     uv_timer_init(&loop, &timeout_timer);
     uv_timer_init(&loop, &grace_timer);
     uv_timer_init(&loop, &output_timer);
+    uv_timer_init(&loop, &resume_timer);
     uv_timer_init(&loop, &alive_timer);
-    timeout_timer.data = grace_timer.data = output_timer.data = alive_timer.data = this;
+    timeout_timer.data = grace_timer.data = output_timer.data = resume_timer.data = alive_timer.data = this;
     if (plan.on_alive) {
       plan.on_alive();
       const auto every = static_cast<std::uint64_t>(std::max<long long>(plan.alive_every.count(), 1));

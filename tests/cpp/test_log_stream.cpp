@@ -178,6 +178,38 @@ TEST_CASE("a long line in transit is held longer than a prompt before it is show
   CHECK(out.take() == std::string(LiveSplitter::kInTransitBytes, 'y'));  // but not forever
 }
 
+TEST_CASE("a line whose writer still runs is held on, up to kInTransitMs from its first byte") {
+  LiveSplitter s(1 << 20, kQuiet);
+  Shown out;
+  CHECK_FALSE(s.extend(1000));  // nothing held: nothing to extend
+  s.feed("0 o 17 aaaa", 1000, out.emit());
+  CHECK(s.extend(1000 + kQuiet));  // quiet spell over, but its writer is running
+  CHECK(s.deadline() == 1000 + 2 * kQuiet);
+  s.tick(1000 + kQuiet, out.emit());
+  CHECK(out.take().empty());
+  s.feed("aa|0o17\n", 1000 + 2 * kQuiet - 1, out.emit());
+  CHECK(out.take() == "0 o 17 aaaaaa|0o17<E>");  // whole
+  s.feed("Epoch 1: ", 5000, out.emit());
+  std::uint64_t now = 5000 + kQuiet;
+  while (s.extend(now)) now = s.deadline();  // a rank computing after print(end="")
+  CHECK(now >= 5000 + LiveSplitter::kInTransitMs);
+  CHECK(now < 5000 + LiveSplitter::kInTransitMs + kQuiet);
+  s.tick(now, out.emit());
+  CHECK(out.take() == "Epoch 1: ");  // shown at last
+}
+
+TEST_CASE("a line held while the host did not read its rank gets a new quiet spell") {
+  LiveSplitter s(1 << 20, kQuiet);
+  Shown out;
+  s.postpone(500);  // nothing held: nothing changes
+  CHECK(s.deadline() == LiveSplitter::kNever);
+  s.feed("half a li", 1000, out.emit());
+  s.postpone(4000);  // the console reader was behind from 1000 to 4000
+  CHECK(s.deadline() == 4000 + kQuiet);
+  s.feed("ne\n", 4001, out.emit());
+  CHECK(out.take() == "half a line<E>");
+}
+
 TEST_CASE("a carriage-return redraw goes out at once, and its line with it") {
   LiveSplitter s(1 << 20, kQuiet);
   Shown out;

@@ -5,6 +5,7 @@ says how much of the output it missed. The reader here is a real pipe that the t
 unread, and a real `cat` that it SIGSTOPs."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -127,3 +128,30 @@ def test_a_python_caller_that_does_not_read_its_output_keeps_its_memory_flat(tmp
     assert seen["peak"] - seen["baseline"] < 48, seen
     assert re.search(rb"airhost: [\d.]+ MiB of the ranks' output was skipped here: it was not read in time "
                      rb"\(every byte is in the logs: .*/logs\)\n", err + out), (err + out)[-2000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_slow_reader_holds_the_ranks_back_and_loses_nothing(airhost, tmp_path):
+    # A reader that takes the output slower than the ranks make it, but keeps taking (a pipe
+    # into a busy program): as under plain `python`, the ranks wait on their pipes, and every
+    # line reaches it. The ranks write far more than the console queue's hard bound (4 x 8 MiB)
+    # while the reader is behind; before the host held them back, that much was skipped.
+    runs = tmp_path / "runs-slow"
+    proc = start_unread(airhost, script("firehose.py"), "-n", "2", "--", "4", runs=runs)
+    fcntl.fcntl(proc.stdout.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)  # reads of up to 1 MiB
+    got = bytearray()
+    while True:
+        chunk = os.read(proc.stdout.fileno(), 1 << 20)
+        if not chunk:
+            break
+        got += chunk
+        time.sleep(0.04)  # about 20 MiB/s at most
+    assert proc.wait(timeout=60) == 0
+    assert b"skipped" not in got and b"not shown" not in got, got[-2000:]
+    written = 0
+    for rank in range(2):
+        log = next(runs.glob(f"*/logs/rank-{rank}.stdout.log")).read_bytes()
+        written += len(log)
+        shown = re.findall(rb"^\[rank %d\] (%d:\d+:x+)$" % (rank, rank), got, re.M)
+        assert shown == log.splitlines(), f"rank {rank}: {len(shown)} lines shown, {len(log.splitlines())} logged"
+    assert written > 40 << 20, f"the ranks wrote only {written >> 20} MiB: the reader was never behind"

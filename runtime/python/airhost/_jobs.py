@@ -271,8 +271,10 @@ class Job:
             argv += ["--tail", str(tail)]
         done = _cli(*argv)
         if done.returncode != 0:
-            if self.state in ("pending", "starting"):
-                return ""  # no rank has started yet
+            # No rank has started yet: the CLI said so, or the run was still pending or starting
+            # when it looked (it may have moved on since, so its words count, not today's state).
+            if "has no rank logs yet" in done.stderr or self.state in ("pending", "starting"):
+                return ""
             raise ValueError(_one_line(done.stderr))
         return done.stdout + done.stderr
 
