@@ -55,6 +55,8 @@ LaunchSpec spec_from_dict(const py::dict& d) {
   spec.inherit_env = get<bool>(d, "inherit_env", true);
   spec.timeout = std::chrono::seconds(get<long long>(d, "timeout", 0));
   spec.grace = std::chrono::milliseconds(static_cast<long long>(get<double>(d, "grace", 10.0) * 1000));
+  spec.hang_timeout = std::chrono::milliseconds(static_cast<long long>(get<double>(d, "hang_timeout", 1800.0) * 1000));
+  spec.stop_on_hang = get<bool>(d, "stop_on_hang", false);
   spec.run_id = get<std::string>(d, "run_id", "");
   spec.run_dir = get<std::string>(d, "run_dir", "");
   spec.master_addr = get<std::string>(d, "master_addr", "127.0.0.1");
@@ -109,6 +111,7 @@ py::dict report_to_dict(const RunReport& r) {
   d["run_id"] = r.run_id;
   d["run_dir"] = r.run_dir;
   d["message"] = r.message;
+  d["hang"] = r.hang;
   d["wall_seconds"] = r.wall_seconds;
   d["restarts"] = r.restarts;
   d["failed_attempts"] = r.failed_attempts;

@@ -18,7 +18,7 @@ enum class FlagId {
   accelerators, timeout, grace, python, run_dir, master_addr, master_port, max_restarts,
   nnodes, node_rank, node_timeout, join_timeout, join_token_file,
   prefix, no_prefix, ranks, env, config, preflight, tracking, no_tracking, json, module, help, version,
-  preload, cold, print_env, pickled, experiment, log_max_size,
+  preload, cold, print_env, pickled, experiment, log_max_size, hang_timeout, on_hang,
 };
 
 struct FlagSpec {
@@ -33,6 +33,8 @@ const std::vector<FlagSpec>& flag_specs() {
       {FlagId::accelerators, {"--accelerators", "--nproc-per-node", "--nproc_per_node", "-n"}, true, "4"},
       {FlagId::timeout, {"--timeout"}, true, "3h"},
       {FlagId::grace, {"--grace"}, true, "30s"},
+      {FlagId::hang_timeout, {"--hang-timeout"}, true, "30m"},
+      {FlagId::on_hang, {"--on-hang"}, true, "stop"},
       {FlagId::python, {"--python"}, true, "/usr/bin/python3"},
       {FlagId::run_dir, {"--run-dir"}, true, "runs/exp1"},
       {FlagId::master_addr, {"--master-addr"}, true, "10.0.0.1"},
@@ -239,6 +241,26 @@ class Parser {
       }
       case FlagId::timeout: s.timeout = parse_duration_seconds(value, name); break;
       case FlagId::grace: s.grace = parse_duration(value, name); break;
+      case FlagId::hang_timeout:
+        if (value == "off") {
+          s.hang_timeout = std::chrono::milliseconds(0);
+          break;
+        }
+        try {
+          s.hang_timeout = parse_duration(value, name);
+        } catch (const ConfigError&) {
+          throw ConfigError(name + " must be a duration like 30m, 90s or 1h, or off, got " + single_quoted(value));
+        }
+        if (s.hang_timeout->count() < 1000)
+          throw ConfigError(name + " must be at least 1 second, or off, got " + single_quoted(value) + "; e.g. " +
+                            name + " " + spec.example);
+        break;
+      case FlagId::on_hang:
+        if (value != "report" && value != "stop")
+          throw ConfigError(name + " must be report (say where each rank is, and go on) or stop (end the run as its "
+                            "timeout does, exit 124), got " + single_quoted(value));
+        s.stop_on_hang = value == "stop";
+        break;
       case FlagId::python: s.python = value; break;
       case FlagId::run_dir: s.run_dir = value; break;
       case FlagId::master_addr:
@@ -542,6 +564,10 @@ Flags:
                         0 = none (default: 3h)
   --grace D             on teardown, wait this long between SIGTERM and SIGKILL
                         (default: 10s)
+  --hang-timeout D      no rank making progress this long is a hang: say where each rank
+                        is, stacks in the run directory (default: 30m; off)
+  --on-hang report|stop a hang is reported and the run goes on (report, the default), or
+                        it ends the run as its timeout does, exit 124 (stop)
   --python P            interpreter whose environment the ranks use
                         (default: the one airhost was installed into)
   --run-dir D           directory for this run's logs and records (default:

@@ -32,6 +32,8 @@ void Settings::merge(const Settings& over) {
   take(accelerators, over.accelerators);
   take(timeout, over.timeout);
   take(grace, over.grace);
+  take(hang_timeout, over.hang_timeout);
+  take(stop_on_hang, over.stop_on_hang);
   take(python, over.python);
   take(run_dir, over.run_dir);
   take(master_addr, over.master_addr);
@@ -248,6 +250,8 @@ constexpr KeyDoc kTopKeys[] = {
     {"accelerators", "a non-negative integer (0 = one rank per visible GPU)", "accelerators = 4"},
     {"timeout", "seconds or a duration string (0 = no timeout)", "timeout = \"3h\""},
     {"grace", "seconds or a duration string", "grace = \"10s\""},
+    {"hang_timeout", "a duration of at least 1 second, or \"off\"", "hang_timeout = \"30m\""},
+    {"on_hang", "\"report\" or \"stop\"", "on_hang = \"stop\""},
     {"python", "a string (an interpreter path, \"\" = the default)", "python = \"/usr/bin/python3\""},
     {"run_dir", "a string (a directory, \"\" = the default)", "run_dir = \"/scratch/runs/exp1\""},
     {"master_addr", "a non-empty string (a host name or IP address)", "master_addr = \"127.0.0.1\""},
@@ -405,6 +409,18 @@ class ConfigReader {
       s.timeout = std::chrono::duration_cast<std::chrono::seconds>(ms);
     } else if (name == "grace") {
       s.grace = duration(node, name, doc);
+    } else if (name == "hang_timeout") {
+      if (const auto* text = node.as_string(); text && text->get() == "off") {
+        s.hang_timeout = std::chrono::milliseconds(0);
+      } else {
+        const auto ms = duration(node, name, doc);
+        if (ms.count() < 1000) bad(node, name, doc, node.as_string() ? single_quoted(node.as_string()->get()) : std::to_string(ms.count() / 1000));
+        s.hang_timeout = ms;
+      }
+    } else if (name == "on_hang") {
+      const std::string v = string(node, name, doc);
+      if (v != "report" && v != "stop") bad(node, name, doc, single_quoted(v));
+      s.stop_on_hang = v == "stop";
     } else if (name == "python") {
       s.python = string(node, name, doc);
     } else if (name == "join_token_file") {

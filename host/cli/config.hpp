@@ -43,6 +43,8 @@ struct Settings {
   std::optional<int> accelerators;               // ranks; 0 or absent = auto
   std::optional<std::chrono::seconds> timeout;   // 0 = disabled
   std::optional<std::chrono::milliseconds> grace;
+  std::optional<std::chrono::milliseconds> hang_timeout;  // 0 = off
+  std::optional<bool> stop_on_hang;              // on_hang = "stop" (true) or "report"
   std::optional<std::string> python;             // "" = the default interpreter
   std::optional<std::string> run_dir;            // "" = <runs root>/<run id>
   std::optional<std::string> master_addr;

@@ -106,6 +106,8 @@ LaunchSpec make_spec(const HostOptions& opts, ClusterResolution& cluster) {
   }
   if (s.timeout) spec.timeout = *s.timeout;
   if (s.grace) spec.grace = *s.grace;
+  if (s.hang_timeout) spec.hang_timeout = *s.hang_timeout;
+  if (s.stop_on_hang) spec.stop_on_hang = *s.stop_on_hang;
   if (s.python) spec.python = *s.python;
   if (s.run_dir) spec.run_dir = *s.run_dir;
   if (s.master_addr) spec.master_addr = *s.master_addr;

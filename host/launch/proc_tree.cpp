@@ -57,6 +57,7 @@ bool read_proc_stat(int pid, ProcStat& out) {
   out.pgid = static_cast<int>(fields[1]);
   out.sid = static_cast<int>(fields[2]);
   out.start = fields[18];
+  out.cpu = fields[10] + fields[11];
   return true;
 }
 

@@ -32,6 +32,7 @@ struct ProcStat {
   int sid = 0;
   char state = '?';      // R S D Z T ...; 'Z' is a zombie waiting for its parent's wait()
   std::uint64_t start = 0;  // start time in clock ticks since boot: (pid, start) names one process
+  std::uint64_t cpu = 0;    // CPU time used so far (user + system), clock ticks
 };
 
 // /proc/<pid>/stat, parsed; false when the process is gone (or /proc cannot say).

@@ -126,8 +126,11 @@ void conclude_run(RunReport& rep, const TeardownCause& cause, const std::vector<
   } else if (cause.reason == Outcome::timed_out) {
     rep.outcome = Outcome::timed_out;
     rep.exit_code = to_int(ExitCode::timeout);
-    rep.message = run + " timed out after " + std::to_string(cause.timeout_seconds) +
-                  " s; every rank was stopped (raise --timeout, or 0 to disable it)";
+    rep.message = !cause.hang.empty()
+                      ? run + " hung (" + cause.hang + "); every rank was stopped (--on-hang stop; the stacks are in " +
+                            "the run directory's stacks/)"
+                      : run + " timed out after " + std::to_string(cause.timeout_seconds) +
+                            " s; every rank was stopped (raise --timeout, or 0 to disable it)";
   } else if (cause.reason == Outcome::node_lost) {
     // Whatever this node's ranks raised after that came from the other node's loss.
     rep.outcome = Outcome::node_lost;
@@ -250,6 +253,7 @@ std::string run_json(const RunReport& report, const LaunchSpec& spec, double sta
     << ",\n  \"outcome\": " << q(to_string(report.outcome)) << ",\n  \"exit_code\": " << report.exit_code
     << ",\n  \"root_cause\": " << report.root_cause << ",\n  \"message\": " << q(report.message)
     << ",\n  \"wall_seconds\": " << number(report.wall_seconds) << ",\n  \"restarts\": " << report.restarts
+    << ",\n  \"hang\": " << (report.hang.empty() ? std::string("null") : q(report.hang))
     << ",\n  \"warning_signal\": " << (report.warning_signal ? q(signal_name(report.warning_signal)) : "null")
     << ",\n  \"incomplete_logs\": [";
   for (std::size_t i = 0; i < report.incomplete_logs.size(); ++i) o << (i ? ", " : "") << q(report.incomplete_logs[i]);

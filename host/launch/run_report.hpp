@@ -21,6 +21,7 @@ struct TeardownCause {
   int interrupt_signal = 0;             // interrupted: the host's signal
   std::string node_lost_why;            // node_lost: which node, and what happened to it
   long timeout_seconds = 0;             // timed_out: the limit
+  std::string hang;                     // timed_out by --on-hang stop: the hang report's first line
   std::string host_error;               // failed: what failed in the host itself (an exception in
                                         // a loop callback, an embedding program's callback)
 };

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -116,6 +117,7 @@ struct StacksService::Impl {
   std::uint64_t deadline = 0;
   std::vector<Target> targets;
   std::vector<Done> waiters;
+  bool keep = false;  // a waiter of the request under way wants the snapshot written
 
   // A client of the socket, from its connection until its answer is written.
   struct Client {
@@ -230,7 +232,7 @@ struct StacksService::Impl {
       else if (word == "all-threads") all = true;
     }
     if (!stacks) return reply(c, "error: unknown request\n");
-    collect([this, c, json, all](const StacksSnapshot& s) { reply(c, json ? render_json(s) : render_text(s, all)); });
+    collect([this, c, json, all](const StacksSnapshot& s) { reply(c, json ? render_json(s) : render_text(s, all)); }, true);
   }
 
   void reply(Client* c, std::string text) {
@@ -261,9 +263,11 @@ struct StacksService::Impl {
 
   // ---- collecting ----------------------------------------------------------------------
 
-  void collect(Done done) {
+  void collect(Done done, bool keep_it = true, const std::vector<int>* only = nullptr) {
     waiters.push_back(std::move(done));
+    if (busy) keep = keep || keep_it;
     if (busy || closed) return;
+    keep = keep_it;
     busy = true;
     ++seq;
     targets.clear();
@@ -273,6 +277,9 @@ struct StacksService::Impl {
       if (!r.alive) {
         t.answer = RankStacks{};
         t.answer->status = "exited";
+      } else if (only && std::find(only->begin(), only->end(), r.rank) == only->end()) {
+        t.answer = RankStacks{};
+        t.answer->status = "not asked";
       } else if (!catches_signal(r.pid, sig)) {
         t.answer = RankStacks{};
         t.answer->status = "no answer: it is not ready for the request yet (starting)";
@@ -321,7 +328,7 @@ struct StacksService::Impl {
       r.pid = t.rank.pid;
       snap.ranks.push_back(std::move(r));
     }
-    snap.file = write_snapshot(snap);
+    if (keep) snap.file = write_snapshot(snap);
     busy = false;
     auto done = std::move(waiters);
     waiters.clear();
@@ -358,7 +365,9 @@ struct StacksService::Impl {
 StacksService::StacksService(Options options) : impl_(std::make_unique<Impl>(std::move(options))) {}
 StacksService::~StacksService() = default;
 std::string StacksService::start() { return impl_->start(); }
-void StacksService::collect(Done done) { impl_->collect(std::move(done)); }
+void StacksService::collect(Done done, bool keep, const std::vector<int>* only) {
+  impl_->collect(std::move(done), keep, only);
+}
 void StacksService::close() { impl_->close(); }
 
 }  // namespace airhost::detail

@@ -69,7 +69,11 @@ class StacksService {
   // collect() works either way.
   std::string start();
   // Asks every rank; `done` gets the snapshot on the loop's thread, within `wait` and a tick.
-  void collect(Done done);
+  // `keep`: the snapshot is written to <run_dir>/stacks/<time>.txt (a sample of the hang
+  // watch is not, unless another caller of the same request keeps it).
+  // `only`: ask these ranks alone (the others are "not asked"); a request already under way
+  // asks whom it asks.
+  void collect(Done done, bool keep = true, const std::vector<int>* only = nullptr);
   // Closes the socket (removing its file), the timer and every client; pending callers get
   // nothing. Call on the loop's thread before it ends.
   void close();

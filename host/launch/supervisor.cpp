@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <system_error>
 
@@ -25,6 +26,8 @@
 #include "launch/group_guard.hpp"
 #include "launch/log_stream.hpp"
 #include "launch/run_report.hpp"
+#include "launch/hang_watch.hpp"
+#include "launch/proc_tree.hpp"
 #include "launch/stacks_service.hpp"
 
 namespace airhost::detail {
@@ -142,6 +145,11 @@ struct Supervisor::Impl {
   // Every rank's stacks on demand: Ctrl-\, `airhost stacks` through the run's socket, and
   // where each rank was when the timeout ended the run (stacks_service.hpp).
   std::unique_ptr<StacksService> stacks;
+  // The hang watch (hang_watch.hpp): every rank sampled every hang_sample_every(), and one
+  // report when no rank has made progress for hang_timeout.
+  uv_timer_t hang_timer{};
+  std::unique_ptr<HangWatch> hang_watch;
+  std::string hang_seen;  // the report's first line, once a hang was seen
 
   // cancel() and abort() come from other threads, through `async`.
   uv_async_t async{};
@@ -779,6 +787,7 @@ struct Supervisor::Impl {
     uv_close(as_handle(&output_timer), nullptr);
     uv_close(as_handle(&resume_timer), nullptr);
     uv_close(as_handle(&alive_timer), nullptr);
+    uv_close(as_handle(&hang_timer), nullptr);
     escapees.close();
     if (stacks) stacks->close();
     if (signal_count) {
@@ -813,6 +822,7 @@ struct Supervisor::Impl {
     rep.wall_seconds = now_seconds() - start_time;
     rep.interrupt_signal = cause.interrupt_signal;
     rep.warning_signal = warning_signal;
+    rep.hang = hang_seen;
     rep.incomplete_logs = incomplete_logs;
     rep.trimmed_logs = trimmed_logs;
     std::vector<bool> signalled;
@@ -892,6 +902,82 @@ struct Supervisor::Impl {
     });
   }
 
+  void start_hang_watch() {
+    if (spec().hang_timeout.count() <= 0 || !stacks) return;
+    hang_watch = std::make_unique<HangWatch>(spec().hang_timeout);
+    const auto every = static_cast<uint64_t>(hang_sample_every(spec().hang_timeout).count());
+    uv_timer_start(&hang_timer, [](uv_timer_t* t) {
+      auto* self = static_cast<Impl*>(t->data);
+      self->guarded("the hang watch", [&] { self->sample_for_hangs(); });
+    }, every, every);
+  }
+
+  // CPU time of each rank's process group (the rank leads its own): what it started counts,
+  // DataLoader workers and all.
+  std::map<int, std::uint64_t> group_cpu() const {
+    std::map<int, std::uint64_t> by_pgid;
+    for (const auto& p : list_processes()) by_pgid[p.pgid] += p.cpu;
+    return by_pgid;
+  }
+
+  void sample_for_hangs() {
+    if (phase != Phase::running || !hang_watch) return;
+    // CPU time first: a rank busy outside torch.distributed made progress, and is not asked
+    // for its stack (the request's signal would cut short what it is doing); the others are.
+    auto cpu = std::make_shared<std::map<int, std::uint64_t>>();  // by rank
+    const auto by_group = group_cpu();
+    std::vector<int> ask;
+    for (auto& r : ranks) {
+      if (!r->alive() || r->report.pid <= 0) continue;
+      auto it = by_group.find(r->report.pid);
+      const std::uint64_t used = it == by_group.end() ? 0 : it->second;
+      (*cpu)[r->report.rank] = used;
+      if (hang_watch->wants_stack(r->report.rank, used)) ask.push_back(r->report.rank);
+    }
+    stacks->collect([this, cpu](const StacksSnapshot& snap) {
+      guarded("the hang watch", [&] {
+        if (phase != Phase::running || !hang_watch) return;
+        std::vector<HangSample> samples;
+        for (const auto& r : snap.ranks) {
+          const auto it = cpu->find(r.rank);
+          const std::uint64_t used = it == cpu->end() ? 0 : it->second;
+          HangSample s = r.status == "not asked" ? hang_watch->carried(r.rank, used) : hang_sample(r);
+          s.cpu = used;
+          samples.push_back(std::move(s));
+        }
+        const double now = now_seconds();
+        if (hang_watch->feed(now, samples)) report_hang(hang_watch->still_for(now));
+      });
+    }, false, &ask);
+  }
+
+  // No rank has made progress for hang_timeout: one report (the stacks kept in the run
+  // directory), then the run goes on, or ends as its timeout ends it (--on-hang stop).
+  void report_hang(double still) {
+    stacks->collect([this, still](const StacksSnapshot& snap) {
+      guarded("the hang report", [&] {
+        if (phase != Phase::running) return;
+        hang_seen = hang_headline(snap, still, spec().hang_timeout);
+        if (console) console->end_open_lines(), flush_output();
+        plan.out->say("run " + plan.context.run_id + ": " + hang_seen + (snap.file.empty() ? "" : "; every rank's stacks: " + snap.file));
+        const std::string text = render_text(snap, false);
+        std::size_t at = 0;
+        while (at < text.size()) {
+          const auto nl = text.find('\n', at);
+          plan.out->say(std::string_view(text).substr(at, nl == std::string::npos ? std::string::npos : nl - at));
+          at = nl == std::string::npos ? text.size() : nl + 1;
+        }
+        if (spec().stop_on_hang) {
+          cause.hang = hang_seen;
+          begin_teardown(Outcome::timed_out, SIGTERM);
+        } else {
+          plan.out->say("the run goes on (--on-hang report); airhost stacks " + plan.context.run_id +
+                        " shows where the ranks are now");
+        }
+      });
+    });
+  }
+
   void start_stacks() {
     StacksService::Options o;
     o.loop = &loop;
@@ -955,7 +1041,8 @@ struct Supervisor::Impl {
     uv_timer_init(&loop, &output_timer);
     uv_timer_init(&loop, &resume_timer);
     uv_timer_init(&loop, &alive_timer);
-    timeout_timer.data = grace_timer.data = output_timer.data = resume_timer.data = alive_timer.data = this;
+    uv_timer_init(&loop, &hang_timer);
+    timeout_timer.data = grace_timer.data = output_timer.data = resume_timer.data = alive_timer.data = hang_timer.data = this;
     if (plan.on_alive) {
       plan.on_alive();
       const auto every = static_cast<std::uint64_t>(std::max<long long>(plan.alive_every.count(), 1));
@@ -1007,6 +1094,7 @@ struct Supervisor::Impl {
         });
       }, static_cast<uint64_t>(plan.time_limit.count()), 0);
     }
+    start_hang_watch();
     on_async();      // a cancel() or abort() that came before the loop could take it
     maybe_finish();  // nothing started at all (every spawn failed)
 

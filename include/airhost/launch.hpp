@@ -78,6 +78,9 @@ struct LaunchSpec {
                                           // job: SLURM_RESTART_COUNT); added to TORCHELASTIC_RESTART_COUNT
                                           // and RunReport::restarts, not counted against max_restarts
   std::chrono::milliseconds grace{10000}; // SIGTERM → SIGKILL delay on teardown
+  std::chrono::milliseconds hang_timeout{30 * 60 * 1000};  // no rank making progress this long is a hang
+                                          // (docs/hangs.md): a report of where each rank is; 0 = off
+  bool stop_on_hang = false;              // a hang ends the run as the timeout does (exit 124)
   std::string run_id;                     // empty = generated
   std::string run_dir;                    // empty = <runs root>/<run_id>
   std::string master_addr = "127.0.0.1";  // MASTER_ADDR given to every rank

@@ -123,6 +123,7 @@ struct RunReport {
   int exit_code = 0;                 // airhost's exit code by the contract in exit_code.hpp
   int root_cause = -1;               // rank of the earliest failure, -1 if none
   int interrupt_signal = 0;          // the signal that interrupted the run, if any
+  std::string hang;                  // a hang was seen (hang_timeout): its report's first line
   int warning_signal = 0;            // SIGUSR1 or SIGUSR2 the host got and passed to every rank: a
                                      // scheduler's warning that the job's time is nearly up; 0 if none
   std::string run_id;

@@ -20,6 +20,7 @@ from . import _accelerators, _leases, _native, _results
 from ._tracking import Tracking
 
 DEFAULT_TIMEOUT = 10800  # 3 h, as databricks.air
+DEFAULT_HANG_TIMEOUT = 1800  # 30 min: no rank making progress that long is reported (docs/hangs.md)
 LARGE_PAYLOAD = 256 << 20
 
 
@@ -52,6 +53,8 @@ class _Options:
         env,
         prefix,
         max_restarts=0,
+        hang_timeout=DEFAULT_HANG_TIMEOUT,
+        on_hang="report",
     ):
         if gpus is not None:
             warnings.warn(
@@ -97,6 +100,19 @@ class _Options:
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or not 0 <= max_restarts <= 1000:
             raise ValueError(f"max_restarts must be an integer from 0 to 1000, got {max_restarts!r}")
         self.max_restarts = max_restarts
+        if hang_timeout is not None and (
+            isinstance(hang_timeout, bool)
+            or not isinstance(hang_timeout, (int, float))
+            or not math.isfinite(hang_timeout)
+            or hang_timeout < 1
+        ):
+            raise ValueError(f"hang_timeout must be a number of seconds, at least 1, or None to turn the hang watch "
+                             f"off; got {hang_timeout!r}")
+        self.hang_timeout = hang_timeout
+        if on_hang not in ("report", "stop"):
+            raise ValueError(f"on_hang must be 'report' (say where each rank is, and go on) or 'stop' (end the call "
+                             f"as its timeout does, TimeoutError); got {on_hang!r}")
+        self.on_hang = on_hang
 
     def resolve_ranks(self):
         """→ (number of ranks, [(gpu index, uuid)] candidates or [] for CPU ranks). Raises
@@ -396,6 +412,8 @@ class _Launch:
                 "env": env,
                 "timeout": 0 if opts.timeout is None else int(math.ceil(opts.timeout)),
                 "grace": opts.grace,
+                "hang_timeout": float(opts.hang_timeout or 0),
+                "stop_on_hang": opts.on_hang == "stop",
                 "max_restarts": opts.max_restarts,
                 "run_id": run_id,
                 "run_dir": self.run_dir,
@@ -549,6 +567,11 @@ def _results_or_raise(report: dict, opts: _Options) -> List[Any]:
                 mapped[r["rank"]] = r["result"]
             r["result"] = None
     logs = os.path.join(report["run_dir"], "logs")
+    if outcome == "timed_out" and report.get("hang"):
+        raise TimeoutError(
+            f"the run hung ({report['hang']}) and every rank was stopped (on_hang='stop'); where each "
+            f"rank stood is in {os.path.join(report['run_dir'], 'stacks')}. Logs: {logs}"
+        )
     if outcome == "timed_out":
         raise TimeoutError(
             f"the run timed out after {opts.timeout} s and every rank was stopped; raise timeout= "
@@ -734,6 +757,8 @@ def distributed(
     env: Optional[Dict[str, str]] = None,
     prefix: bool = True,
     max_restarts: int = 0,
+    hang_timeout: Optional[float] = DEFAULT_HANG_TIMEOUT,
+    on_hang: str = "report",
 ):
     """Decorates a function so that `fn.distributed(*args, **kwargs)` runs it on every rank.
 
@@ -750,6 +775,9 @@ def distributed(
     max_restarts: after a rank fails, stop every rank and run the function again on all of
         them, up to this many times (ranks see TORCHELASTIC_RESTART_COUNT); the results are
         the last attempt's. A timeout or an interrupt is never restarted.
+    hang_timeout: seconds with no rank making progress after which airhost prints where each
+        rank is (docs/hangs.md); None turns the hang watch off. Default 30 minutes.
+    on_hang: "report" (the call goes on) or "stop" (it ends as its timeout does: TimeoutError).
     """
     if fn is not None and not callable(fn):
         if isinstance(fn, int) and num_accelerators is None:  # distributed(8): positional count
@@ -768,6 +796,8 @@ def distributed(
         env,
         prefix,
         max_restarts,
+        hang_timeout,
+        on_hang,
     )
     if fn is not None:
         return DistributedFunction(fn, opts)

@@ -3,6 +3,8 @@
     hang.py loop DIR   rank 1 loops in load_batch() until DIR/release exists
     hang.py c DIR      rank 1 sits in a C call that holds the GIL (libc sleep through
                        ctypes.PyDLL) in stuck_in_c(), until DIR/release exists
+    hang.py wait DIR   rank 1 waits, idle, in wait_for_data() until DIR/release exists (a
+                       hang: its stack and its CPU time stand still)
 
 Each rank creates DIR/ready-RANK once the group is up; then both all-reduce and exit 0."""
 import ctypes
@@ -33,11 +35,16 @@ def stuck_in_c():
         libc.sleep(2)  # a signal cuts it short (EINTR); the loop sleeps again
 
 
+def wait_for_data():
+    while not os.path.exists(RELEASE):
+        time.sleep(0.2)
+
+
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 open(os.path.join(DIR, f"ready-{rank}"), "w").close()
 if rank == 1:
-    load_batch() if MODE == "loop" else stuck_in_c()
+    {"loop": load_batch, "c": stuck_in_c, "wait": wait_for_data}[MODE]()
 t = torch.ones(1)
 dist.all_reduce(t)
 print(f"rank {rank} sum={t.item():g}", flush=True)
