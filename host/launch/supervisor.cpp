@@ -131,6 +131,7 @@ struct Supervisor::Impl {
   double teardown_started_at = std::numeric_limits<double>::infinity();
   std::string teardown_why;       // for plan.on_teardown: what made a rank fail
   bool teardown_cascade = false;  // ... and whether that was only a lost peer
+  bool failure_stacks_pending = false;  // a rank failed; the others' stacks are being taken
   GroupGuard guard;
   Escapees escapees;
   std::vector<std::unique_ptr<Rank>> ranks;
@@ -695,7 +696,7 @@ struct Supervisor::Impl {
       });
 
     if (!ok && !r.stopped_by_us) {
-      if (phase != Phase::tearing_down) {
+      if (phase != Phase::tearing_down && !failure_stacks_pending) {
         teardown_why = "failed: rank " + std::to_string(r.report.rank) +
                        (sig ? " was killed by " + signal_name(sig) : " exited with code " + std::to_string(status));
         if (r.report.error) {
@@ -704,8 +705,26 @@ struct Supervisor::Impl {
           teardown_cascade = is_lost_peer_error(*r.report.error);
         }
       }
-      begin_teardown(Outcome::failed, SIGTERM);
+      stop_after_failure(r.report.rank);
     }
+  }
+
+  // A rank failed: before the others are stopped, where each of them is, so that no run ends
+  // without saying where its ranks were (a survivor waiting in all_reduce for the dead rank,
+  // or one stuck elsewhere that the failure only revealed). The stacks take a few ms, 3 s at
+  // most for a rank that does not answer; a rank failing meanwhile waits for the same end.
+  void stop_after_failure(int failed_rank) {
+    if (failure_stacks_pending) return;
+    bool others = false;
+    for (auto& k : ranks) others = others || (k->alive() && k->report.pid > 0);
+    if (phase != Phase::running || cause.torn_down || !stacks || !others) {
+      begin_teardown(Outcome::failed, SIGTERM);
+      return;
+    }
+    failure_stacks_pending = true;
+    begin_teardown(Outcome::failed, SIGTERM, false);
+    show_stacks("rank " + std::to_string(failed_rank) + " failed: where the other ranks are, before they are stopped",
+                [this] { stop_ranks(SIGTERM); });
   }
 
   // exited → closed, once its three pipes are closed.
@@ -730,7 +749,9 @@ struct Supervisor::Impl {
 
   // → tearing_down (once): a rank failed, the timeout passed, the host got a signal, cancel()
   // or abort() was called.
-  void begin_teardown(Outcome reason, int sig) {
+  // `stop`: false when the caller signals the ranks itself a moment later (stop_after_failure);
+  // the outcome is settled here either way, so a run whose ranks all end meanwhile keeps it.
+  void begin_teardown(Outcome reason, int sig, bool stop = true) {
     if (phase == Phase::finished) return;
     if (cause.torn_down) {
       // A second Ctrl-C means "now": skip the rest of the grace period.
@@ -751,6 +772,11 @@ struct Supervisor::Impl {
                                                          : teardown_why;
       plan.on_teardown(reason, why, reason == Outcome::node_lost || (reason == Outcome::failed && teardown_cascade));
     }
+    if (stop) stop_ranks(sig);
+  }
+
+  void stop_ranks(int sig) {
+    if (phase == Phase::finished) return;
     signal_running(sig);
     const auto grace = static_cast<uint64_t>(std::max<int64_t>(0, spec().grace.count()));
     uv_timer_start(&grace_timer, [](uv_timer_t* t) {

@@ -17,8 +17,11 @@ SLEEPER = script("sleeper.py")
 
 
 def summary_of(run):
-    """The host's own stderr lines (rank lines removed): the failure summary."""
-    return "\n".join(line for line in run.err.splitlines() if not line.startswith("[rank "))
+    """The host's own stderr lines (rank lines removed) from the run's headline on: the failure
+    summary, without the survivors' stacks that come before it."""
+    own = [line for line in run.err.splitlines() if not line.startswith("[rank ")]
+    start = next((i for i, line in enumerate(own) if line.startswith("airhost: run ")), 0)
+    return "\n".join(own[start:])
 
 
 def assert_rank_line(run, n, how):

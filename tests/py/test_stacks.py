@@ -3,6 +3,7 @@ grouped, the odd one out first. Real gloo ranks: rank 0 waits in all_reduce whil
 elsewhere (tests/py/scripts/hang.py), in a Python loop or in a C call that holds the GIL."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -135,6 +136,37 @@ def test_a_run_ended_by_its_timeout_says_where_each_rank_was(airhost, tmp_path):
     assert "the timeout passed: where each rank is" in err, run.describe()
     assert "airhost: rank 1 (node 0" in err and "in load_batch" in err, run.describe()
     assert list((run.run_dir / "stacks").glob("*.txt")), "no stacks file"
+
+
+SURVIVOR = """
+import os, time
+
+def long_step():
+    time.sleep(60)
+
+if os.environ["RANK"] == "1":
+    time.sleep(1)
+    raise RuntimeError("rank 1 fails on purpose")
+long_step()
+"""
+
+
+def test_a_failure_says_where_the_other_ranks_were_before_they_are_stopped(airhost, tmp_path):
+    program = tmp_path / "survivor.py"
+    program.write_text(SURVIVOR)
+    t0 = time.monotonic()
+    run = airhost(program, "-n", "3", timeout=60)
+    run.assert_rc(1)
+    assert time.monotonic() - t0 < 30, "the survivors were not stopped promptly"
+    err = run.err
+    assert "airhost: rank 1 failed: where the other ranks are, before they are stopped" in err, run.describe()
+    assert re.search(r"airhost: ranks 0,2 \(node 0, pids \d+,\d+\) are in \S*survivor\.py:\d+ in long_step", err), \
+        run.describe()
+    assert "airhost: rank 1 (node 0, pid" in err and "has exited" in err, run.describe()
+    assert list((run.run_dir / "stacks").glob("*.txt")), "no stacks file"
+    # Reported before the survivors were stopped: they then ended by SIGTERM, as before.
+    assert err.index("where the other ranks are") < err.index("failed: rank 1 exited with code 1")
+    assert {r["rank"]: r["state"] for r in run.ranks} == {0: "stopped", 1: "failed", 2: "stopped"}, run.ranks
 
 
 def test_stacks_of_the_python_api_future_and_of_a_job(api_tmp):
