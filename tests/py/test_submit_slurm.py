@@ -191,7 +191,11 @@ def test_a_job_warned_of_its_time_checkpoints_is_requeued_and_ends_as_an_uninter
         # (preempted is passed through: node 0 records it, then requeues the job)
         return r["state"] in ("succeeded", "failed", "cancelled", "lost") and r
 
-    record = wait_for(ended, 240, "the requeued job to end", interval=1.0)
+    try:
+        record = wait_for(ended, 240, "the requeued job to end", interval=1.0)
+    except AssertionError as e:  # say why Slurm kept it (seen once in CI: never started again)
+        shown = subprocess.run(["scontrol", "show", "job", job], env=submit.env, capture_output=True, text=True)
+        raise AssertionError(f"{e}\nscontrol show job {job}:\n{shown.stdout}{shown.stderr}") from None
     output = "".join(p.read_text() for p in (submit.root / run_id).glob("slurm-*.out"))
     assert record["state"] == "succeeded", (record, output)
     assert "the scheduler's warning that the job's time is nearly up" in output, output
