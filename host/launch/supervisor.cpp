@@ -904,6 +904,20 @@ struct Supervisor::Impl {
       plan.out->log(name + " again; passed to " + std::to_string(sent) + " rank(s)");
   }
 
+  // The grouped stacks, a line at a time on the terminal and in the host log, after `headline`
+  // if given; a bar or prompt a rank left open is ended first.
+  void say_stacks(const StacksSnapshot& snap, const std::string& headline = {}) {
+    if (console) console->end_open_lines(), flush_output();
+    if (!headline.empty()) plan.out->say(headline);
+    const std::string text = render_text(snap, false);
+    std::size_t at = 0;
+    while (at < text.size()) {
+      const auto nl = text.find('\n', at);
+      plan.out->say(std::string_view(text).substr(at, nl == std::string::npos ? std::string::npos : nl - at));
+      at = nl == std::string::npos ? text.size() : nl + 1;
+    }
+  }
+
   // Every rank's stacks, grouped, on the terminal (and in the host log), the full stacks in
   // <run_dir>/stacks/<time>.txt; `then` runs once they are shown. Ranks take no harm: the
   // signal they get only makes them write their stacks.
@@ -915,14 +929,7 @@ struct Supervisor::Impl {
     if (!why.empty()) plan.out->say(why);
     stacks->collect([this, then = std::move(then)](const StacksSnapshot& snap) {
       guarded("showing the ranks' stacks", [&] {
-        if (console) console->end_open_lines(), flush_output();
-        const std::string text = render_text(snap, false);
-        std::size_t at = 0;
-        while (at < text.size()) {
-          const auto nl = text.find('\n', at);
-          plan.out->say(std::string_view(text).substr(at, nl == std::string::npos ? std::string::npos : nl - at));
-          at = nl == std::string::npos ? text.size() : nl + 1;
-        }
+        say_stacks(snap);
         if (then) then();
       });
     });
@@ -984,15 +991,8 @@ struct Supervisor::Impl {
       guarded("the hang report", [&] {
         if (phase != Phase::running) return;
         hang_seen = hang_headline(snap, still, spec().hang_timeout);
-        if (console) console->end_open_lines(), flush_output();
-        plan.out->say("run " + plan.context.run_id + ": " + hang_seen + (snap.file.empty() ? "" : "; every rank's stacks: " + snap.file));
-        const std::string text = render_text(snap, false);
-        std::size_t at = 0;
-        while (at < text.size()) {
-          const auto nl = text.find('\n', at);
-          plan.out->say(std::string_view(text).substr(at, nl == std::string::npos ? std::string::npos : nl - at));
-          at = nl == std::string::npos ? text.size() : nl + 1;
-        }
+        say_stacks(snap, "run " + plan.context.run_id + ": " + hang_seen +
+                             (snap.file.empty() ? "" : "; every rank's stacks: " + snap.file));
         if (spec().stop_on_hang) {
           cause.hang = hang_seen;
           begin_teardown(Outcome::timed_out, SIGTERM);
