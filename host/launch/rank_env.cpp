@@ -68,6 +68,13 @@ std::vector<std::string> build_rank_env(const LaunchSpec& spec, int local_rank, 
     // NVML numbers GPUs in PCI bus order, CUDA by speed unless told otherwise: on a node of
     // mixed GPUs the indices above would name other devices.
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";
+    // NCCL's flight recorder, on unless the user chose: a bounded ring of each rank's last
+    // collectives, dumped into the run directory when a collective times out, so a hang
+    // says which collective and which ranks never arrived (torch's fr_trace reads the dumps).
+    if (!env.count("TORCH_FR_BUFFER_SIZE")) env.try_emplace("TORCH_NCCL_TRACE_BUFFER_SIZE", kFlightRecorderEntries);
+    env.try_emplace("TORCH_NCCL_DUMP_ON_TIMEOUT", "1");
+    if (!env.count("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") && !ctx.run_dir.empty())
+      env.try_emplace("TORCH_FR_DUMP_TEMP_FILE", ctx.run_dir + "/stacks/" + kFlightRecorderPrefix);
   }
 
   for (const auto& [k, v] : spec.env) env[k] = v;

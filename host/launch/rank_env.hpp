@@ -8,6 +8,11 @@
 
 namespace airhost::detail {
 
+// NCCL's flight recorder on GPU runs: how many collectives each rank keeps, and the name its
+// dump gets in <run_dir>/stacks/ (torch appends the global rank).
+inline constexpr const char* kFlightRecorderEntries = "2000";
+inline constexpr const char* kFlightRecorderPrefix = "nccl-trace-rank-";
+
 // Facts about this run that every rank's environment carries.
 struct RunContext {
   std::string run_id;
@@ -55,7 +60,12 @@ struct RunContext {
 //                                 height, for what sizes itself to the terminal; and, unless
 //                                 set, TQDM_NCOLS one less (tqdm does not read COLUMNS)
 //        CUDA_VISIBLE_DEVICES     the run's GPUs, only when spec.devices is not empty, with
-//        CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers them as NVML does
+//        CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA numbers them as NVML does, and, unless the
+//                                 user set them, NCCL's flight recorder (docs/hangs.md):
+//                                 TORCH_NCCL_TRACE_BUFFER_SIZE=2000 (not with TORCH_FR_BUFFER_SIZE),
+//                                 TORCH_NCCL_DUMP_ON_TIMEOUT=1, TORCH_FR_DUMP_TEMP_FILE=
+//                                 <run_dir>/stacks/nccl-trace-rank- (torch adds the rank; not
+//                                 with TORCH_NCCL_DEBUG_INFO_TEMP_FILE)
 //   4. spec.env — the user's explicit extra variables, last, so they can override anything.
 //
 // Variables airhost never sets but a rank reads, for the user to set (step 1 or 4):

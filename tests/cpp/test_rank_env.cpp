@@ -97,6 +97,34 @@ TEST_CASE("GPU ranks see the run's devices in PCI order") {
   CHECK(env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID");
 }
 
+TEST_CASE("GPU ranks get NCCL's flight recorder, dumping into the run directory, unless the user chose") {
+  LaunchSpec spec;
+  spec.nprocs = 2;
+  spec.devices = {0, 1};
+  RunContext ctx{"r", "/runs/r", 1, 1, 3};
+  auto env = as_map(build_rank_env(spec, 1, ctx, {}));
+  CHECK(env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000");
+  CHECK(env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1");
+  CHECK(env["TORCH_FR_DUMP_TEMP_FILE"] == "/runs/r/stacks/nccl-trace-rank-");
+
+  // The user's own settings, under either of torch's names, are left alone.
+  env = as_map(build_rank_env(spec, 1, ctx,
+                              {"TORCH_FR_BUFFER_SIZE=50", "TORCH_NCCL_DUMP_ON_TIMEOUT=0",
+                               "TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/mine/fr_"}));
+  CHECK(env.count("TORCH_NCCL_TRACE_BUFFER_SIZE") == 0);
+  CHECK(env["TORCH_FR_BUFFER_SIZE"] == "50");
+  CHECK(env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0");
+  CHECK(env.count("TORCH_FR_DUMP_TEMP_FILE") == 0);
+  env = as_map(build_rank_env(spec, 0, ctx, {"TORCH_NCCL_TRACE_BUFFER_SIZE=0"}));
+  CHECK(env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0");  // 0 turns it off, as in torch
+
+  // CPU ranks (gloo) are not given it.
+  spec.devices.clear();
+  env = as_map(build_rank_env(spec, 0, ctx, {}));
+  CHECK(env.count("TORCH_NCCL_TRACE_BUFFER_SIZE") == 0);
+  CHECK(env.count("TORCH_FR_DUMP_TEMP_FILE") == 0);
+}
+
 TEST_CASE("without inherit_env only airhost's own variables are set") {
   LaunchSpec spec;
   spec.inherit_env = false;
