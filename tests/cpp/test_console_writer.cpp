@@ -82,8 +82,7 @@ TEST_CASE("a reader that stops reading never blocks write(), the cap bounds the 
   // The reader comes back: what was queued arrives, and a line of its own says what was missed.
   // How many notes there are depends on the scheduler: a writer thread that moved a line into
   // the pipe while the loop above ran made room, so the loop's next line went in after a note
-  // for what was skipped until then. Every note is whole, on its own line, and together they
-  // account for every skipped byte that was followed by output.
+  // for what was skipped until then. Every note is whole and on its own line.
   std::string got;
   std::thread reader([&] {
     char buf[65536];
