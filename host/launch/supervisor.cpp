@@ -132,6 +132,10 @@ struct Supervisor::Impl {
   std::string teardown_why;       // for plan.on_teardown: what made a rank fail
   bool teardown_cascade = false;  // ... and whether that was only a lost peer
   bool failure_stacks_pending = false;  // a rank failed; the others' stacks are being taken
+  // What left the groups got a teardown signal short of SIGKILL: it may still be writing its
+  // last words into a rank's pipe when the last rank exits, so it is killed only when the run
+  // finishes (every pipe at EOF, or the drain timer's end) or the grace period ends.
+  bool escapees_told = false;
   GroupGuard guard;
   Escapees escapees;
   std::vector<std::unique_ptr<Rank>> ranks;
@@ -655,10 +659,12 @@ struct Supervisor::Impl {
 
     // The last rank is gone: so goes whatever of the run still runs outside the ranks'
     // groups (a server started in a new session, a daemon), before the pipes it may hold
-    // keep the run waiting.
+    // keep the run waiting. Unless a teardown signal was sent to it: then it has until the
+    // run finishes (its pipes at EOF, or kDrainMs) or the grace period ends to say its last
+    // words and end by itself, as the ranks had.
     bool any_alive = false;
     for (auto& other : ranks) any_alive |= other->alive();
-    if (!any_alive) escapees.kill_all();
+    if (!any_alive && !escapees_told) escapees.kill_all();
 
     uv_timer_init(&loop, &r.drain);
     r.drain.data = &r;
@@ -743,8 +749,13 @@ struct Supervisor::Impl {
       r->life = Life::stopping;
       ::kill(-r->report.pid, sig);
     }
-    if (sig == SIGKILL) escapees.kill_all();
-    else escapees.signal(sig);
+    if (sig == SIGKILL) {
+      escapees.kill_all();
+      escapees_told = false;
+    } else {
+      escapees.signal(sig);
+      escapees_told = true;
+    }
   }
 
   // → tearing_down (once): a rank failed, the timeout passed, the host got a signal, cancel()
@@ -814,6 +825,7 @@ struct Supervisor::Impl {
     uv_close(as_handle(&resume_timer), nullptr);
     uv_close(as_handle(&alive_timer), nullptr);
     uv_close(as_handle(&hang_timer), nullptr);
+    if (escapees_told) escapees.kill_all();  // what a teardown signal did not end by now
     escapees.close();
     if (stacks) stacks->close();
     if (signal_count) {

@@ -17,9 +17,23 @@ import time
 
 from emit import RANK, say
 
-SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
+# The child touches its file once its own code runs: its interpreter has set up SIGINT by then
+# (a SIGINT that comes during the interpreter's start ends it silently, with no
+# KeyboardInterrupt to count).
+SLEEP = [sys.executable, "-c", "import sys, time; open(sys.argv[1], 'w').close(); time.sleep(600)"]
 OUT = os.path.join(os.getcwd(), "escaped")
 os.makedirs(OUT, exist_ok=True)
+
+
+def sleeper(name, **popen):
+    """A `python -c sleep` in a new session, returned once it sleeps in its own code."""
+    started = os.path.join(OUT, f".started-{RANK}.{name}")
+    proc = subprocess.Popen(SLEEP + [started], start_new_session=True, **popen)
+    while not os.path.exists(started):
+        if proc.poll() is not None:
+            raise RuntimeError(f"the {name} sleeper ended at once ({proc.returncode})")
+        time.sleep(0.01)
+    return proc
 
 
 def record(name, pid):
@@ -52,9 +66,9 @@ def daemon():
     return pid
 
 
-record("session", subprocess.Popen(SLEEP, start_new_session=True).pid)
+record("session", sleeper("session").pid)
 record("daemon", daemon())
-record("bare", subprocess.Popen(SLEEP, start_new_session=True, env={}).pid)
+record("bare", sleeper("bare", env={}).pid)
 say(f"rank {RANK} ready")
 
 mode = sys.argv[1]
