@@ -520,7 +520,7 @@ std::string usage_text() {
        airhost runs prune [--older-than 7d] [--keep N] [--max-size 20G] [--dry-run]
        airhost logs ID [--node K] [--rank R] [--follow] [--tail N]
        airhost cancel ID
-       airhost stacks [ID] [--json] [--all-threads]
+       airhost stacks [ID] [--json] [--all-threads] [--sample DURATION]
 
 Runs a Python (PyTorch) program on N ranks of this node, like torchrun: one process per
 rank, each with RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set. Output is
@@ -554,7 +554,8 @@ Jobs and runs (docs/jobs.md): every launch keeps a run directory with run.json a
   stacks [ID]           every rank's Python stacks, ranks standing in the same place shown
                         once, the odd ones out first (default: your newest live run; the
                         main thread and threads not idle, --all-threads for every one;
-                        --json as data). Ctrl-\ on a running airhost prints them too
+                        --json as data). Ctrl-\ on a running airhost prints them too;
+                        --sample 10s: where each rank spends its time over 10 s, and its CPU
   ID is a run id, a unique prefix of one, or latest.
 
 Flags:

@@ -1,6 +1,7 @@
-// stacks_command.cpp — `airhost stacks [ID] [--json] [--all-threads]`: every rank's Python
-// stacks of a live run, asked of its host through <run_dir>/host.sock (the host signals its
-// ranks, collects, groups and answers: launch/stacks_service.hpp). Bad input is one line and
+// stacks_command.cpp — `airhost stacks [ID] [--json] [--all-threads] [--sample DURATION]`:
+// every rank's Python stacks of a live run, asked of its host through <run_dir>/host.sock (the
+// host signals its ranks, collects, groups and answers: launch/stacks_service.hpp); with
+// --sample, where each rank spent its time over DURATION (launch/stacks_sample.hpp). Bad input is one line and
 // exit 2: no live run, an unknown or ambiguous id, a run that has ended (how, and where its
 // last stacks are), a run of another user.
 #include <dirent.h>
@@ -22,6 +23,7 @@
 #include "base/errors.hpp"
 #include "base/util.hpp"
 #include "cli/commands.hpp"
+#include "cli/config.hpp"
 #include "cli/run_records.hpp"
 #include "launch/stacks_service.hpp"
 
@@ -47,7 +49,8 @@ std::string last_stacks(const std::string& dir) {
   if (DIR* d = ::opendir((dir + "/stacks").c_str())) {
     while (dirent* e = ::readdir(d)) {
       const std::string n = e->d_name;
-      if (n.size() > 4 && n.compare(n.size() - 4, 4, ".txt") == 0) names.push_back(n);
+      // sample-<time>.txt are profiles (--sample), not stacks.
+      if (n.size() > 4 && n.compare(n.size() - 4, 4, ".txt") == 0 && n.rfind("sample-", 0) != 0) names.push_back(n);
     }
     ::closedir(d);
   }
@@ -64,7 +67,7 @@ std::string how_it_ended(const RunRecord& r) {
 
 // Connects, asks, reads the answer to EOF. Throws std::runtime_error when the host does not
 // answer.
-std::string ask_host(const RunRecord& run, const std::string& request) {
+std::string ask_host(const RunRecord& run, const std::string& request, int answer_ms) {
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
   sockaddr_un addr;
@@ -86,7 +89,7 @@ std::string ask_host(const RunRecord& run, const std::string& request) {
   }
   write_all(fd, request);
   std::string answer;
-  const double deadline = now_seconds() + kAnswerMs / 1000.0;
+  const double deadline = now_seconds() + answer_ms / 1000.0;
   char buf[65536];
   for (;;) {
     const int left = static_cast<int>((deadline - now_seconds()) * 1000);
@@ -94,7 +97,7 @@ std::string ask_host(const RunRecord& run, const std::string& request) {
     if (left <= 0 || ::poll(&p, 1, left) == 0) {
       ::close(fd);
       throw std::runtime_error("its host (pid " + std::to_string(run.host_pid) + ") did not answer within " +
-                               std::to_string(kAnswerMs / 1000) + " s");
+                               std::to_string(answer_ms / 1000) + " s");
     }
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
@@ -110,11 +113,25 @@ std::string ask_host(const RunRecord& run, const std::string& request) {
 int stacks_command(const std::vector<std::string>& args) {
   bool json = false, all_threads = false;
   std::string wanted;
-  for (const auto& a : args) {
+  long sample_ms = 0;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
     if (a == "--json") json = true;
     else if (a == "--all-threads") all_threads = true;
-    else if (a.size() > 1 && a[0] == '-')
-      throw ConfigError("unknown flag '" + a + "' for airhost stacks; it takes a run id, --json and --all-threads");
+    else if (a == "--sample" || a.rfind("--sample=", 0) == 0) {
+      std::string text;
+      if (a == "--sample") {
+        if (i + 1 >= args.size()) throw ConfigError("--sample takes how long to sample, e.g. --sample 10s");
+        text = args[++i];
+      } else {
+        text = a.substr(9);
+      }
+      sample_ms = static_cast<long>(parse_duration(text, "--sample").count());
+      if (sample_ms < 100 || sample_ms > 3600 * 1000)
+        throw ConfigError("--sample " + text + " is out of range: sample for 100ms to 1h (e.g. --sample 10s)");
+    } else if (a.size() > 1 && a[0] == '-')
+      throw ConfigError("unknown flag '" + a +
+                        "' for airhost stacks; it takes a run id, --json, --all-threads and --sample DURATION");
     else if (!wanted.empty()) throw ConfigError("airhost stacks takes one run id, got '" + wanted + "' and '" + a + "'");
     else wanted = a;
   }
@@ -144,13 +161,16 @@ int stacks_command(const std::vector<std::string>& args) {
 
   std::string answer;
   try {
-    answer = ask_host(*run, std::string("stacks") + (json ? " json" : "") + (all_threads ? " all-threads" : "") + "\n");
+    answer = ask_host(*run,
+                      std::string("stacks") + (json ? " json" : "") + (all_threads ? " all-threads" : "") +
+                          (sample_ms ? " sample=" + std::to_string(sample_ms) : std::string()) + "\n",
+                      kAnswerMs + static_cast<int>(sample_ms));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "airhost: run %s: %s\n", run->id.c_str(), e.what());
     return to_int(ExitCode::generic_failure);
   }
   if (answer.empty() || answer.rfind("error: ", 0) == 0) {
-    std::fprintf(stderr, "airhost: run %s: its host gave no stacks%s%s", run->id.c_str(), answer.empty() ? "" : ": ",
+    std::fprintf(stderr, "airhost: run %s: its host gave no %s%s%s", run->id.c_str(), sample_ms ? "sample" : "stacks", answer.empty() ? "" : ": ",
                  answer.empty() ? " (it may have ended meanwhile)\n" : answer.c_str() + 7);
     return to_int(ExitCode::generic_failure);
   }

@@ -12,6 +12,7 @@
 #include <ctime>
 #include <fstream>
 #include <list>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <system_error>
@@ -24,6 +25,10 @@ namespace {
 
 constexpr std::uint64_t kPollMs = 20;
 constexpr std::size_t kMaxRequest = 256;
+// One round of a sampling every this long, unless a round itself takes longer.
+constexpr long kSampleIntervalMs = 100;
+// What a client may ask to sample for.
+constexpr long kMinSampleMs = 100, kMaxSampleMs = 3600 * 1000;
 
 template <typename H>
 uv_handle_t* as_handle(H* h) { return reinterpret_cast<uv_handle_t*>(h); }
@@ -87,6 +92,21 @@ std::string proc_wchan(int pid) {
   return w;
 }
 
+// utime + stime of /proc/PID/stat, in clock ticks; -1 when it cannot be read.
+long long cpu_ticks(int pid) {
+  const std::string stat = read_small_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(stat.substr(close + 2));
+  std::string f;
+  long long utime = -1, stime = -1;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14) utime = std::atoll(f.c_str());
+    if (i == 15) stime = std::atoll(f.c_str());
+  }
+  return utime < 0 || stime < 0 ? -1 : utime + stime;
+}
+
 bool catches_signal(int pid, int sig) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;
@@ -118,6 +138,26 @@ struct StacksService::Impl {
   std::vector<Target> targets;
   std::vector<Done> waiters;
   bool keep = false;  // a waiter of the request under way wants the snapshot written
+  std::optional<std::vector<int>> asking;  // the request under way asks these ranks only
+  // Requests that could not share the one under way (it asks fewer ranks): next.
+  struct Queued {
+    Done done;
+    bool keep = true;
+    std::optional<std::vector<int>> only;
+  };
+  std::vector<Queued> queued;
+
+  // The sampling under way, if any.
+  struct Sampling {
+    bool active = false;
+    StacksSampler sampler;
+    SampleDone done;
+    std::uint64_t started_ms = 0, end_ms = 0, round_started_ms = 0, interval_ms = 0;
+    double started_at = 0;
+    std::map<int, long long> ticks;  // pid → CPU ticks at the start
+    const void* owner = nullptr;     // the socket's client that asked, if one did
+  } sampling;
+  uv_timer_t sample_timer{};
 
   // A client of the socket, from its connection until its answer is written.
   struct Client {
@@ -127,6 +167,7 @@ struct StacksService::Impl {
     std::string answer;
     uv_write_t write{};
     bool closing = false;
+    bool sampling = false;  // waits for a sampling: its going away ends the sampling
   };
   std::list<std::unique_ptr<Client>> clients;
 
@@ -140,6 +181,8 @@ struct StacksService::Impl {
   std::string start() {
     uv_timer_init(opt.loop, &timer);
     timer.data = this;
+    uv_timer_init(opt.loop, &sample_timer);
+    sample_timer.data = this;
     timer_ready = true;
     try {
       make_dirs(stacks_dir);
@@ -215,6 +258,13 @@ struct StacksService::Impl {
   }
 
   void on_client_read(Client* c, ssize_t n, const uv_buf_t* buf) {
+    if (c->sampling) {
+      // Still read while it samples, only to see the client go (Ctrl-C on `airhost stacks
+      // --sample`): the sampling then ends with it, so that the next one is not refused.
+      if (n >= 0) return;
+      if (sampling.active && sampling.owner == c) stop_sampling();
+      return finish_client(c);
+    }
     if (n < 0) return finish_client(c);
     c->request.append(buf->base, static_cast<std::size_t>(n));
     const auto nl = c->request.find('\n');
@@ -222,21 +272,35 @@ struct StacksService::Impl {
       if (c->request.size() > kMaxRequest) finish_client(c);
       return;
     }
-    uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->pipe));
     std::istringstream words(c->request.substr(0, nl));
     std::string word;
     bool json = false, all = false, stacks = false;
+    long sample_ms = 0;
     while (words >> word) {
       if (word == "stacks") stacks = true;
       else if (word == "json") json = true;
       else if (word == "all-threads") all = true;
+      else if (word.rfind("sample=", 0) == 0) sample_ms = std::atol(word.c_str() + 7);
     }
+    if (!sample_ms) uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->pipe));
     if (!stacks) return reply(c, "error: unknown request\n");
+    if (sample_ms) {
+      if (sample_ms < kMinSampleMs || sample_ms > kMaxSampleMs) return reply(c, "error: a sampling lasts 100 ms to 1 h\n");
+      const std::string why = sample(std::chrono::milliseconds(sample_ms), std::chrono::milliseconds(kSampleIntervalMs),
+                                     [this, c, json](const StacksSample& s) {
+                                       reply(c, json ? render_sample_json(s) : render_sample_text(s));
+                                     });
+      if (!why.empty()) return reply(c, "error: " + why + "\n");
+      c->sampling = true;
+      sampling.owner = c;
+      return;
+    }
     collect([this, c, json, all](const StacksSnapshot& s) { reply(c, json ? render_json(s) : render_text(s, all)); }, true);
   }
 
   void reply(Client* c, std::string text) {
     if (c->closing) return;
+    if (c->sampling) uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->pipe));
     c->answer = std::move(text);
     uv_buf_t b = uv_buf_init(c->answer.data(), static_cast<unsigned>(c->answer.size()));
     c->write.data = c;
@@ -263,12 +327,29 @@ struct StacksService::Impl {
 
   // ---- collecting ----------------------------------------------------------------------
 
+  // Whether a request asking `only` (every rank when null) can share the one under way.
+  bool shares_round(const std::vector<int>* only) const {
+    if (!asking) return true;
+    if (!only) return false;
+    for (int r : *only)
+      if (std::find(asking->begin(), asking->end(), r) == asking->end()) return false;
+    return true;
+  }
+
   void collect(Done done, bool keep_it = true, const std::vector<int>* only = nullptr) {
+    if (closed) return;
+    if (busy && !shares_round(only)) {
+      queued.push_back({std::move(done), keep_it, only ? std::optional<std::vector<int>>(*only) : std::nullopt});
+      return;
+    }
     waiters.push_back(std::move(done));
-    if (busy) keep = keep || keep_it;
-    if (busy || closed) return;
+    if (busy) {
+      keep = keep || keep_it;
+      return;
+    }
     keep = keep_it;
     busy = true;
+    asking = only ? std::optional<std::vector<int>>(*only) : std::nullopt;
     ++seq;
     targets.clear();
     const int sig = stacks_signal();
@@ -330,9 +411,81 @@ struct StacksService::Impl {
     }
     if (keep) snap.file = write_snapshot(snap);
     busy = false;
+    asking.reset();
     auto done = std::move(waiters);
     waiters.clear();
     for (auto& d : done) d(snap);
+    // What waited for a round of its own.
+    auto next = std::move(queued);
+    queued.clear();
+    for (auto& q : next) collect(std::move(q.done), q.keep, q.only ? &*q.only : nullptr);
+  }
+
+  // ---- sampling ------------------------------------------------------------------------
+
+  std::string sample(std::chrono::milliseconds length, std::chrono::milliseconds interval, SampleDone done) {
+    if (closed) return "the run is ending";
+    if (sampling.active) return "a sampling of this run is under way; ask again when it ends";
+    sampling = Sampling{};
+    sampling.active = true;
+    sampling.done = std::move(done);
+    sampling.started_at = now_seconds();
+    sampling.started_ms = uv_now(opt.loop);
+    sampling.end_ms = sampling.started_ms + static_cast<std::uint64_t>(length.count());
+    sampling.interval_ms = static_cast<std::uint64_t>(interval.count());
+    for (const Rank& r : opt.ranks())
+      if (r.alive) sampling.ticks[r.pid] = cpu_ticks(r.pid);
+    sample_round();
+    return "";
+  }
+
+  void sample_round() {
+    sampling.round_started_ms = uv_now(opt.loop);
+    collect([this](const StacksSnapshot& snap) { on_sample_round(snap); }, false);
+  }
+
+  void on_sample_round(const StacksSnapshot& snap) {
+    if (!sampling.active) return;
+    sampling.sampler.add(snap);
+    uv_update_time(opt.loop);
+    const std::uint64_t now = uv_now(opt.loop);
+    if (now >= sampling.end_ms) return finish_sampling();
+    const std::uint64_t next = sampling.round_started_ms + sampling.interval_ms;
+    uv_timer_start(&sample_timer, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->sample_round(); },
+                   next > now ? std::min(next - now, sampling.end_ms - now) : 0, 0);
+  }
+
+  void stop_sampling() {
+    uv_timer_stop(&sample_timer);
+    sampling = Sampling{};
+  }
+
+  void finish_sampling() {
+    StacksSample s = sampling.sampler.result();
+    s.run_id = opt.run_id;
+    s.started_at = sampling.started_at;
+    s.seconds = static_cast<double>(uv_now(opt.loop) - sampling.started_ms) / 1000.0;
+    s.interval_ms = static_cast<long>(sampling.interval_ms);
+    const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
+    for (auto& r : s.ranks) {
+      const auto it = sampling.ticks.find(r.pid);
+      if (it == sampling.ticks.end() || it->second < 0 || s.seconds <= 0 || hz <= 0) continue;
+      const long long now_ticks = cpu_ticks(r.pid);
+      if (now_ticks >= it->second) r.cpu_percent = 100.0 * static_cast<double>(now_ticks - it->second) / hz / s.seconds;
+    }
+    for (auto& r : s.ranks) r.node = opt.node;
+    std::string path = stacks_dir + "/sample-" + time_name(s.started_at) + ".txt";
+    for (int k = 2; ::access(path.c_str(), F_OK) == 0; ++k)
+      path = stacks_dir + "/sample-" + time_name(s.started_at) + "-" + std::to_string(k) + ".txt";
+    s.file = path;
+    try {
+      write_file_atomic(path, render_sample_text(s));
+    } catch (const std::exception&) {
+      s.file.clear();
+    }
+    auto done = std::move(sampling.done);
+    sampling = Sampling{};
+    if (done) done(s);
   }
 
   std::string write_snapshot(StacksSnapshot& snap) {
@@ -352,7 +505,12 @@ struct StacksService::Impl {
     if (closed) return;
     closed = true;
     waiters.clear();
-    if (timer_ready) uv_close(as_handle(&timer), nullptr);
+    queued.clear();
+    sampling = Sampling{};
+    if (timer_ready) {
+      uv_close(as_handle(&timer), nullptr);
+      uv_close(as_handle(&sample_timer), nullptr);
+    }
     if (listening) {
       uv_close(as_handle(&server), nullptr);
       ::unlink(socket_path.c_str());
@@ -367,6 +525,9 @@ StacksService::~StacksService() = default;
 std::string StacksService::start() { return impl_->start(); }
 void StacksService::collect(Done done, bool keep, const std::vector<int>* only) {
   impl_->collect(std::move(done), keep, only);
+}
+std::string StacksService::sample(std::chrono::milliseconds length, std::chrono::milliseconds interval, SampleDone done) {
+  return impl_->sample(length, interval, std::move(done));
 }
 void StacksService::close() { impl_->close(); }
 

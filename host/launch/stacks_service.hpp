@@ -8,10 +8,15 @@
 //               every 20 ms until each has its end line or `wait` passed; a rank that did not
 //               answer is named with /proc's state and wchan. The snapshot goes to
 //               <run_dir>/stacks/<time>.txt (every thread of every rank), then to the callers.
-//               Requests that come while one is under way share its answer.
+//               Requests that come while one is under way share its answer (a request for
+//               every rank does not share one that asks some ranks only: it gets its own).
+//   sample():   rounds of collect(), one every interval for a while, made into each rank's
+//               profile (stacks_sample.hpp) with its CPU share from /proc; written to
+//               <run_dir>/stacks/sample-<time>.txt. One sampling at a time.
 //   the socket: <run_dir>/host.sock (0600, in the 0700 run directory; a peer of another uid
 //               is refused by SO_PEERCRED). A client writes one line, "stacks [json]
-//               [all-threads]\n", and reads the answer, text or JSON, to EOF. Another node's
+//               [all-threads] [sample=MS]\n", and reads the answer, text or JSON, to EOF
+//               ("error: ..." when it cannot be given). Another node's
 //               host can later answer the same request over the node link.
 #pragma once
 
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include "launch/stacks.hpp"
+#include "launch/stacks_sample.hpp"
 
 namespace airhost::detail {
 
@@ -74,6 +80,10 @@ class StacksService {
   // `only`: ask these ranks alone (the others are "not asked"); a request already under way
   // asks whom it asks.
   void collect(Done done, bool keep = true, const std::vector<int>* only = nullptr);
+  // Samples every rank for `length`, a round every `interval`; `done` gets the profile on the
+  // loop's thread. Returns "" when it started, or why not (a sampling is under way).
+  using SampleDone = std::function<void(const StacksSample&)>;
+  std::string sample(std::chrono::milliseconds length, std::chrono::milliseconds interval, SampleDone done);
   // Closes the socket (removing its file), the timer and every client; pending callers get
   // nothing. Call on the loop's thread before it ends.
   void close();

@@ -22,13 +22,15 @@ pytestmark = pytest.mark.timeout(120)
 
 
 class Hang:
-    """A background `airhost hang.py MODE` of 2 ranks, and `airhost stacks` on its runs root."""
+    """A background `airhost hang.py MODE` of 2 ranks (`straggler.py` for "straggle"), and
+    `airhost stacks` on its runs root."""
 
     def __init__(self, airhost, tmp_path: Path, mode: str, *flags):
         self.airhost = airhost
         self.dir = tmp_path / "hang"
         self.dir.mkdir()
-        self.started = airhost.start(script("hang.py"), "-n", "2", *flags, "--", mode, self.dir)
+        target, args = (script("straggler.py"), [self.dir]) if mode == "straggle" else (script("hang.py"), [mode, self.dir])
+        self.started = airhost.start(target, "-n", "2", *flags, "--", *args)
         self.env = airhost.env(self.started.runs_root)
         wait_for(lambda: all((self.dir / f"ready-{r}").exists() for r in (0, 1)), 60, "both ranks in the group")
 
@@ -177,6 +179,9 @@ def test_stacks_of_the_python_api_future_and_of_a_job(api_tmp):
     assert out["results"] == [2.0, 2.0]
     assert [g["ranks"] for g in out["job_groups"]] == [[1], [0]], out["job_groups"]
     assert out["job_groups"][0]["where"].endswith("in load_batch")
+    for source in ("future", "job"):  # a sampling from Python: the straggler first
+        groups = out["sampled"][source]
+        assert [g["function"] for g in groups] == ["load_batch", "all_reduce"], (source, groups)
     assert out["after"]["future"].startswith("ValueError: the run has ended"), out
     assert out["after"]["job"].startswith("ValueError: run ") and "has ended: succeeded (exit 0)" in out["after"]["job"], out
 
@@ -233,3 +238,75 @@ def test_warm_started_ranks_answer_too(airhost, tmp_path):
         assert "warm start (server pid" in run.err, run.err
     finally:
         warm.stop()
+
+
+# ---- sampling: where each rank spends its time -------------------------------------------
+
+
+def test_sampling_names_the_straggler_and_what_the_others_wait_in(airhost, tmp_path):
+    hang = Hang(airhost, tmp_path, "straggle")
+    data = hang.stacks_json("--sample", "3s")
+    assert data["rounds"] >= 10 and data["interval_ms"] == 100 and data["seconds"] >= 3, data
+    first, second = data["groups"]
+    assert first["ranks"] == [1] and first["function"] == "load_batch", data["groups"]
+    assert second["ranks"] == [0] and second["function"] == "all_reduce", data["groups"]
+    zero, one = data["ranks"]
+    top1, top0 = one["functions"][0], zero["functions"][0]
+    assert top1["function"] == "load_batch" and top1["file"].endswith("straggler.py") and top1["own_share"] >= 0.5, one
+    assert top1["caller"].endswith("in <module>"), top1
+    assert top0["function"] == "all_reduce" and top0["own_share"] >= 0.5, zero
+    assert one["answered"] == one["asked"] >= 10, one
+    # The host's view of each rank's CPU over the sampling: the straggler computes.
+    assert one["cpu_percent"] is not None and one["cpu_percent"] > 30, one
+    assert zero["cpu_percent"] is not None, zero
+    assert Path(data["file"]).is_file() and Path(data["file"]).name.startswith("sample-"), data["file"]
+
+    done = hang.stacks("--sample", "1s")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("sampled run ") and "2 ranks in 2 groups" in lines[0], done.stdout
+    assert re.match(r"rank 1: \d+(-\d+)?% in load_batch \(straggler\.py:\d+\); rank 0: \d+(-\d+)?% in all_reduce \(", lines[1]), done.stdout
+    heads = [line for line in lines if line.startswith("rank ") and "samples" in line]
+    assert heads[0].startswith(f"rank 1 (node 0, pid {one['pid']}, ") and "% CPU): " in heads[0], heads
+    # A plain `airhost stacks` of the run still takes stacks, not the sample.
+    assert hang.stacks_json()["groups"][0]["where"].endswith(("in load_batch", "in all_reduce", "in <module>"))
+
+    run = hang.release()
+    run.assert_rc(0)
+
+
+def test_one_sampling_at_a_time_and_a_sampler_that_goes_away_ends_it(airhost, tmp_path):
+    hang = Hang(airhost, tmp_path, "straggle")
+    # A long sampling, then a short one while it runs. Under load the short one may reach the
+    # host first (then the long one is the one refused): try again.
+    for _ in range(5):
+        long = subprocess.Popen([airhost.binary, "stacks", "--sample", "60s"], env=hang.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        time.sleep(1.0)
+        done = hang.stacks("--sample", "1s")
+        if done.returncode != 0:
+            break
+        out, err = long.communicate(timeout=30)
+        assert "a sampling of this run is under way" in err, (out, err)
+    try:
+        assert long.poll() is None, long.communicate()
+        assert done.returncode == 1 and "a sampling of this run is under way" in done.stderr, done.stderr
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+    finally:
+        long.send_signal(signal.SIGINT)  # the user's Ctrl-C on the first
+        long.communicate(timeout=30)
+    # The sampling ended with its client: the next one is served at once.
+    done = wait_for(lambda: (d := hang.stacks("--sample", "500ms")).returncode == 0 and d, 10, "a new sampling served")
+    assert done.stdout.startswith("sampled run "), done.stdout
+    hang.release().assert_rc(0)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--sample"], "--sample takes how long to sample"),
+    (["--sample", "5ms"], "out of range"),
+    (["--sample", "soon"], "--sample"),
+])
+def test_a_bad_sampling_length_is_one_line_and_exit_2(airhost, tmp_path, flags, says):
+    done = subprocess.run([airhost.binary, "stacks", *flags], env=airhost.env(tmp_path / "runs"), capture_output=True,
+                          text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2 and says in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr

@@ -655,10 +655,12 @@ class RunFuture(concurrent.futures.Future):
         if self._launch is not None:
             self._launch.cancel(sig)
 
-    def stacks(self, timeout: float = 30.0) -> dict:
+    def stacks(self, timeout: float = 30.0, sample: float | None = None) -> dict:
         """Every rank's Python stacks now, as `airhost stacks --json` gives them: "groups"
         (ranks standing in the same place, the odd ones out first) and "ranks" (each rank's
-        threads and frames). The run goes on. ValueError when the run is not running."""
+        threads and frames). With `sample` (seconds): where each rank spent its time over that
+        long, as `airhost stacks --sample` gives it. The run goes on. ValueError when the run is
+        not running."""
         from . import _stacks
 
         launch = self._launch
@@ -667,7 +669,7 @@ class RunFuture(concurrent.futures.Future):
             where = f"; its last stacks are in {launch.run_dir}/stacks" if launch is not None and launch.run_dir else ""
             raise ValueError(f"the run has {state}: no stacks to take{where}")
         try:
-            return _stacks.ask(launch.run_dir, timeout)
+            return _stacks.ask(launch.run_dir, timeout, sample)
         except ConnectionError as e:
             if self.done():
                 raise ValueError(f"the run ended meanwhile; its last stacks are in {launch.run_dir}/stacks") from None

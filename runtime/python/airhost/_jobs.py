@@ -248,12 +248,16 @@ class Job:
             raise RuntimeError(f"cannot cancel run {self.run_id}: {_one_line(done.stderr)}")
         return self.state
 
-    def stacks(self) -> dict:
+    def stacks(self, sample: float | None = None) -> dict:
         """Every rank's Python stacks now, as `airhost stacks --json` gives them: "groups"
         (ranks standing in the same place, the odd ones out first) and "ranks" (each rank's
-        threads and frames). The run goes on. ValueError for a run that is not running (how
-        it ended and where its last stacks are), RuntimeError when its host does not answer."""
-        done = _cli("stacks", self.run_id, "--json")
+        threads and frames). With `sample` (seconds): where each rank spent its time over that
+        long, as `airhost stacks --sample` gives it ("groups" by the function each rank spends
+        most samples in, "ranks" with every function's own and total share and the rank's CPU).
+        The run goes on. ValueError for a run that is not running (how it ended and where its
+        last stacks are), RuntimeError when its host does not answer."""
+        args = ["--sample", f"{int(round(sample * 1000))}ms"] if sample is not None else []
+        done = _cli("stacks", self.run_id, "--json", *args)
         if done.returncode == 2:
             raise ValueError(_one_line(done.stderr))
         if done.returncode != 0:

@@ -15,9 +15,18 @@ import socket
 SOCKET_NAME = "host.sock"
 
 
-def ask(run_dir: str, timeout: float = 30.0) -> dict:
-    """The stacks of the run whose directory is `run_dir`, from its host. Raises
-    ConnectionError when no host answers there (the run has ended, or not begun)."""
+def ask(run_dir: str, timeout: float = 30.0, sample: float | None = None) -> dict:
+    """The stacks of the run whose directory is `run_dir`, from its host; with `sample`
+    (seconds), the profile of that long a sampling (`airhost stacks --sample`). Raises
+    ConnectionError when no host answers there (the run has ended, or not begun), ValueError
+    for a sampling it refuses (one is under way)."""
+    request = b"stacks json\n"
+    if sample is not None:
+        ms = int(round(sample * 1000))
+        if not 100 <= ms <= 3600 * 1000:
+            raise ValueError(f"sample={sample!r}: sample for 0.1 s to 1 h")
+        request = f"stacks json sample={ms}\n".encode()
+        timeout += sample
     path = os.path.join(run_dir, SOCKET_NAME)
     dir_fd = -1
     if len(os.fsencode(path)) >= 108:  # longer than sun_path: through the directory's descriptor
@@ -30,7 +39,7 @@ def ask(run_dir: str, timeout: float = 30.0) -> dict:
                 s.connect(path)
             except (FileNotFoundError, ConnectionRefusedError) as e:
                 raise ConnectionError(f"no airhost host answers in {run_dir} ({e.strerror})") from None
-            s.sendall(b"stacks json\n")
+            s.sendall(request)
             chunks = []
             while data := s.recv(1 << 16):
                 chunks.append(data)
@@ -38,6 +47,8 @@ def ask(run_dir: str, timeout: float = 30.0) -> dict:
         if dir_fd >= 0:
             os.close(dir_fd)
     answer = b"".join(chunks)
+    if sample is not None and answer.startswith(b"error: "):
+        raise ValueError(answer.decode(errors="replace")[7:].strip())
     if not answer or answer.startswith(b"error: "):
         raise ConnectionError(f"the host in {run_dir} gave no stacks: {answer.decode(errors='replace').strip()}")
     return json.loads(answer)

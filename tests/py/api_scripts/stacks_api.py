@@ -47,6 +47,7 @@ def scenario_future(tmp):
         time.sleep(0.2)
     job = airhost.Job(os.path.basename(future._launch.run_dir))  # the same run, found by its id
     job_groups = job.stacks()["groups"]
+    sampled = {"future": future.stacks(sample=0.5)["groups"], "job": job.stacks(sample=0.5)["groups"]}
     open(release, "w").close()
     results = future.result(timeout=60)
     after = {}
@@ -57,7 +58,7 @@ def scenario_future(tmp):
         except ValueError as e:
             after[name] = f"ValueError: {e}"
     _helpers.report({"groups": data["groups"], "rank0": data["ranks"][0]["where"], "results": results,
-                     "job_groups": job_groups, "after": after})
+                     "job_groups": job_groups, "sampled": sampled, "after": after})
 
 
 if __name__ == "__main__":
