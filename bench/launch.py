@@ -24,6 +24,10 @@ Sections (bench/README.md says what each figure means and why it is measured tha
   recovery   2 nodes x 2 ranks with one restart: SIGKILL of a rank -> the next attempt's
              first line, and every rank back in the group, on every rank; airhost cold
              and warm against torchrun --rdzv-backend c10d --max-restarts 1
+  watchdog   what watching costs a training step: the steady DDP loop under airhost with
+             the hang watch off, at its default (30m: a look every 60 s), at its densest
+             (--hang-timeout 6s: every second) and while `airhost stacks --sample` samples
+             it back to back, and under torchrun
 
 Within each section the launchers alternate in every repeat (the order rotates), after an
 uncounted warm-up run of each; figures are medians (with min and max). Every run must exit
@@ -56,7 +60,7 @@ HERE = Path(__file__).resolve().parent
 SCRIPTS = HERE / "scripts"
 STAMP_ENV = "AIRHOST_BENCH_STAMPS"  # a run's record directory; also marks its processes
 WARM_ENV = "AIRHOST_BENCH_WARM"     # marks the warm server's processes
-SECTIONS = ("startup", "results", "logs", "steady", "footprint", "api", "recovery")
+SECTIONS = ("startup", "results", "logs", "steady", "footprint", "api", "recovery", "watchdog")
 MiB = 1 << 20
 
 # The targets (issue 9). "<=" / ">=" on airhost / peer, or on a count.
@@ -72,6 +76,7 @@ TARGETS = {
     "logs_cpu_per_mline": ("<=", 0.2),     # seconds of host CPU per million lines
     "steady_steps": (">=", 0.98),          # within 2% (faster is fine)
     "footprint": ("<=", 0.1),
+    "watch_default": (">=", 0.99),         # the hang watch at its default: under 1% of a step
 }
 
 
@@ -767,6 +772,46 @@ def bench_steady(b: Bench) -> dict:
     return out
 
 
+# --------------------------------------------------------------------------- 8. watchdog
+
+
+def bench_watchdog(b: Bench) -> dict:
+    """The steady DDP loop (section 4) with what watches it: steps/s of the slowest rank, the
+    hang watch off against on (default and densest), and sampled without pause."""
+    n, steps = b.args.steady_ranks, b.args.watch_steps
+    script = str(SCRIPTS / "ddp_steps.py")
+    sampler = [b.python, str(SCRIPTS / "sample_loop.py"), b.airhost, "2"]
+
+    def with_flags(key, label, *flags, beside=None):
+        def procs(s, k):
+            return [Proc([b.airhost, s, "-n", str(k), *flags])] + ([Proc(beside)] if beside else [])
+        return Launcher(key, label, procs)
+
+    launchers = [
+        with_flags("watch_off", "airhost --hang-timeout off", "--hang-timeout", "off"),
+        with_flags("watch_default", "airhost (default: --hang-timeout 30m)"),
+        with_flags("watch_dense", "airhost --hang-timeout 6s (a look every 1 s)", "--hang-timeout", "6s"),
+        with_flags("sampled", "airhost, sampled (stacks --sample, back to back)", beside=sampler),
+        torchrun_launcher(b),
+    ]
+
+    def one(l: Launcher, tag: str) -> dict:
+        res = b.run(f"watchdog-{l.key}-{tag}", l.procs(script, n), nranks=n, kind="steps",
+                    env={"AIRHOST_BENCH_STEPS": str(steps)})
+        b.done_with(res)
+        res["steps_per_s"] = steps / max(r["loop"] for r in res["records"])
+        res["shown"] = f"{res['steps_per_s']:.1f} steps/s"
+        return res
+
+    log(f"watchdog: {n} ranks, {steps} DDP steps, watched in {len(launchers) - 1} ways and under torchrun")
+    runs = series(b, "watchdog", launchers, one, b.args.repeats or 5)
+    out = {"ranks": n, "steps": steps, "launchers": {l.key: l.label for l in launchers}}
+    for key, rs in runs.items():
+        out[key] = {"steps_per_s": summary([r["steps_per_s"] for r in rs]),
+                    "runs": [r["steps_per_s"] for r in rs]}
+    return out
+
+
 # --------------------------------------------------------------------------- 5. footprint
 
 
@@ -926,6 +971,13 @@ def verdict_rows(rep: dict) -> list[dict]:
         for n, by in rep["footprint"]["by_ranks"].items():
             row(f"footprint {n} ranks: supervisor peak RSS", by["airhost"]["mib"]["median"],
                 by["torchrun"]["mib"]["median"], "{:.1f} MiB", "footprint")
+    if "watchdog" in rep:
+        w = rep["watchdog"]
+        off = w["watch_off"]["steps_per_s"]["median"]
+        for key, what in (("watch_default", "hang watch at its default"), ("watch_dense", "hang watch every 1 s"),
+                          ("sampled", "sampled back to back")):
+            row(f"watchdog {w['ranks']} ranks: DDP steps/s, {what} / off", w[key]["steps_per_s"]["median"], off,
+                "{:.1f}/s", "watch_default" if key == "watch_default" else None)
     if "api" in rep:
         a = rep["api"]
         t = a["torchrun"]["ready"]["median"]
@@ -1082,6 +1134,16 @@ def print_report(rep: dict) -> None:
             print(f"   {label:24} {f:10.2f} {fr} | {r:17.2f} {rr}")
             if x.get("failed"):
                 print(f"   {'':24} (and {len(x['failed'])} of {x['rounds']} rounds did not recover)")
+
+    if "watchdog" in rep:
+        w = rep["watchdog"]
+        off = w["watch_off"]["steps_per_s"]["median"]
+        print(f"\n8. Watchdog: {w['ranks']}-rank gloo DDP MLP, {w['steps']} steps (steps/s of the slowest rank)")
+        W = max(len(v) for v in w["launchers"].values())
+        for key, label in w["launchers"].items():
+            x = w[key]["steps_per_s"]
+            print(f"   {label:{W}} {x['median']:8.1f} [{x['min']:.1f} {x['max']:.1f}]  /off {x['median'] / off:6.3f}")
+        print(f"   target: the default watch {target_text('watch_default')} of the loop with it off")
 
     if rep["lingered"]:
         print("\nProcesses alive after their launcher exited, gone within 5 s (runs, longest):")
@@ -1323,6 +1385,9 @@ def parse_args(argv=None):
     ap.add_argument("--result-mib", type=int, default=256, help="MiB per rank (default: 256)")
     ap.add_argument("--log-ranks", type=int, default=4, help="default: 4")
     ap.add_argument("--log-seconds", type=float, default=5.0, help="default: 5")
+    ap.add_argument("--watch-steps", type=int, default=6000,
+                    help="steps of the watchdog section's loop: long enough (~15 s here) for the "
+                         "watch to look many times (default: 6000)")
     ap.add_argument("--steady-ranks", type=int, default=4, help="default: 4")
     ap.add_argument("--steps", type=int, default=600, help="DDP steps (default: 600)")
     ap.add_argument("--footprint-ranks", type=int_list, default=[1, 4, 16], help="default: 1,4,16")
@@ -1358,7 +1423,7 @@ def main(argv=None) -> int:
     b = Bench(args, root)
     benches = {"startup": bench_startup, "results": bench_results, "logs": bench_logs,
                "steady": bench_steady, "footprint": bench_footprint, "api": bench_api,
-               "recovery": bench_recovery}
+               "recovery": bench_recovery, "watchdog": bench_watchdog}
     report: dict = {"config": {k: v for k, v in vars(args).items()}}
     ok = False
     meter = CpuMeter()
