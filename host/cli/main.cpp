@@ -346,6 +346,15 @@ int run_main(int argc, char** argv) {
   callbacks.on_start_mode = [](bool, const std::string& line) {
     if (line.find("no warm server running") == std::string::npos) std::fprintf(stderr, "airhost: %s\n", line.c_str());
   };
+  // The results go into the run directory before the final run.json says the run ended: a
+  // job's caller that sees it ended (Job.result()) finds them there.
+  callbacks.before_final_record = [](const RunReport& r) {
+    try {
+      save_results(r);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "airhost: cannot save results: %s\n", e.what());
+    }
+  };
   const int node_rank = spec.node_rank;
   Launcher launcher(std::move(spec), std::move(callbacks));
   RunReport report;
@@ -362,11 +371,6 @@ int run_main(int argc, char** argv) {
   tracking.finish(report.warning_signal && !report.ok() ? Outcome::interrupted : report.outcome);
   const bool requeued = requeue_if_preempted(report, node_rank);
 
-  try {
-    save_results(report);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "airhost: cannot save results: %s\n", e.what());
-  }
   if (report.ok()) {
     std::fprintf(stderr, "airhost: %s in %.1f s%s (logs: %s/logs)\n", report.message.c_str(), report.wall_seconds,
                  report.warm ? ", warm start" : "", report.run_dir.c_str());

@@ -46,11 +46,18 @@ HangSample hang_sample(const RankStacks& r) {
   return s;
 }
 
-bool HangWatch::wants_stack(int rank, std::uint64_t cpu) const {
+bool HangWatch::busy(std::uint64_t before, std::uint64_t after, double seconds) const {
+  if (after <= before) return false;
+  const double share = kBusyShare * std::max(0.0, seconds) * static_cast<double>(hz_);
+  return after - before >= std::max<std::uint64_t>(kBusyMinTicks, static_cast<std::uint64_t>(share));
+}
+
+bool HangWatch::wants_stack(int rank, std::uint64_t cpu, double now) const {
   // A rank not seen yet counts from 0: one that used CPU since it started (importing torch,
   // joining the group) is not interrupted for a stack it does not need.
   auto it = last_.find(rank);
-  return it == last_.end() ? cpu == 0 : it->second.cpu == cpu || it->second.in_collective;
+  if (it == last_.end()) return cpu == 0;
+  return it->second.in_collective || !busy(it->second.cpu, cpu, now - last_sample_);
 }
 
 HangSample HangWatch::carried(int rank, std::uint64_t cpu) const {
@@ -63,6 +70,8 @@ HangSample HangWatch::carried(int rank, std::uint64_t cpu) const {
 
 bool HangWatch::feed(double now, const std::vector<HangSample>& ranks) {
   bool progress = !started_;
+  const double since = now - last_sample_;
+  last_sample_ = now;
   for (const auto& r : ranks) {
     if (!r.alive) continue;
     auto it = last_.find(r.rank);
@@ -72,7 +81,7 @@ bool HangWatch::feed(double now, const std::vector<HangSample>& ranks) {
     }
     const HangSample& before = it->second;
     if (r.where != before.where) progress = true;
-    else if (r.cpu != before.cpu && !(r.in_collective && !r.where.empty())) progress = true;
+    else if (busy(before.cpu, r.cpu, since) && !(r.in_collective && !r.where.empty())) progress = true;
   }
   last_.clear();
   for (const auto& r : ranks)

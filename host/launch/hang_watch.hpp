@@ -4,8 +4,9 @@
 // stack of its main thread (stacks_service.hpp, a signal-safe dump from inside the
 // interpreter) and the CPU time of its process group (/proc: the rank and what it started,
 // DataLoader workers included). A rank made progress between two samples when its main-thread
-// stack moved, or when it used CPU time while not waiting in torch.distributed (a collective,
-// a barrier, the store: a rank that spins there waits all the same). The run is hung when no
+// stack moved, or when it was busy (kBusyShare of a core) while not waiting in
+// torch.distributed (a collective, a barrier, the store: a rank that spins there waits all the
+// same). The run is hung when no
 // rank made progress for hang_timeout; a healthy loop moves its stack or burns CPU between
 // samples, however quiet its output, so a long silent epoch is never taken for a hang.
 //
@@ -34,9 +35,18 @@ struct HangSample {
 // How often to sample for a given hang_timeout: a sixth of it, between 1 and 60 seconds.
 std::chrono::milliseconds hang_sample_every(std::chrono::milliseconds timeout);
 
+// A rank's process group burned CPU "outside torch.distributed" between two samples when it
+// used at least this share of one core over the interval (and at least kBusyMinTicks): less is
+// what a stuck rank's library threads spend on their own (gloo's transport polls every 10 ms,
+// NCCL's watchdog and monitor threads wake every second), which must not hide a hang.
+inline constexpr double kBusyShare = 0.05;
+inline constexpr std::uint64_t kBusyMinTicks = 2;
+
 class HangWatch {
  public:
-  explicit HangWatch(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+  // `ticks_per_second`: the unit of HangSample::cpu (sysconf(_SC_CLK_TCK)).
+  explicit HangWatch(std::chrono::milliseconds timeout, long ticks_per_second = 100)
+      : timeout_(timeout), hz_(ticks_per_second > 0 ? ticks_per_second : 100) {}
   // The samples of every rank taken at `now` (seconds, any steady origin). True the first time
   // no rank has made progress for the timeout; again only after progress and a new stall.
   bool feed(double now, const std::vector<HangSample>& ranks);
@@ -44,16 +54,21 @@ class HangWatch {
   // one that burned CPU outside torch.distributed since the last sample made progress without
   // being asked (a busy rank is never interrupted), one that stood still or waits in a
   // collective must show whether its stack moved.
-  bool wants_stack(int rank, std::uint64_t cpu) const;
+  bool wants_stack(int rank, std::uint64_t cpu, double now) const;
   // The sample of a rank that was not asked: as last seen, with its CPU time now.
   HangSample carried(int rank, std::uint64_t cpu) const;
   // Seconds since the last progress of any rank (0 before two samples).
   double still_for(double now) const { return started_ ? now - last_progress_ : 0; }
 
  private:
+  // Whether going from `before` to `after` ticks over `seconds` is busy (kBusyShare).
+  bool busy(std::uint64_t before, std::uint64_t after, double seconds) const;
+
   std::chrono::milliseconds timeout_;
+  long hz_;
   bool started_ = false, reported_ = false;
   double last_progress_ = 0;
+  double last_sample_ = 0;
   std::map<int, HangSample> last_;
 };
 

@@ -611,6 +611,13 @@ RunReport Launcher::run() {
   else if (attempt > 0 && report.outcome == Outcome::failed && attempt == spec.max_restarts)
     report.message += " (no restart left: the group was restarted " + std::to_string(attempt) +
                       " time" + (attempt > 1 ? "s" : "") + ", the most max_restarts allows)";
+  if (impl_->callbacks.before_final_record) {
+    try {
+      impl_->callbacks.before_final_record(report);
+    } catch (const std::exception& e) {
+      out.say(e.what());
+    }
+  }
   try {
     ::unlink((spec.run_dir + "/" + kRecordReserve).c_str());  // its space is the record's now
     detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json(report, spec, started));

@@ -949,7 +949,7 @@ struct Supervisor::Impl {
 
   void start_hang_watch() {
     if (spec().hang_timeout.count() <= 0 || !stacks) return;
-    hang_watch = std::make_unique<HangWatch>(spec().hang_timeout);
+    hang_watch = std::make_unique<HangWatch>(spec().hang_timeout, ::sysconf(_SC_CLK_TCK));
     const auto every = static_cast<uint64_t>(hang_sample_every(spec().hang_timeout).count());
     uv_timer_start(&hang_timer, [](uv_timer_t* t) {
       auto* self = static_cast<Impl*>(t->data);
@@ -977,7 +977,7 @@ struct Supervisor::Impl {
       auto it = by_group.find(r->report.pid);
       const std::uint64_t used = it == by_group.end() ? 0 : it->second;
       (*cpu)[r->report.rank] = used;
-      if (hang_watch->wants_stack(r->report.rank, used)) ask.push_back(r->report.rank);
+      if (hang_watch->wants_stack(r->report.rank, used, now_seconds())) ask.push_back(r->report.rank);
     }
     stacks->collect([this, cpu](const StacksSnapshot& snap) {
       guarded("the hang watch", [&] {

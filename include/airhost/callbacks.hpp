@@ -5,6 +5,8 @@
 #include <string>
 #include <string_view>
 
+#include "airhost/report.hpp"
+
 namespace airhost {
 
 enum class Stream { out = 1, err = 2 };
@@ -41,6 +43,11 @@ struct Callbacks {
   // Once, before the first rank starts, when LaunchSpec::warm_socket is set: whether the ranks
   // are forked warm or started cold, as one line (RunReport::start_mode).
   std::function<void(bool warm, const std::string& line)> on_start_mode;
+  // Once, when the run is over, right before its final run.json replaces the one that says it
+  // runs: what must be in the run directory before anyone reading run.json can take the run
+  // for ended (the CLI saves the results there, so that a reader never finds an ended run
+  // without them). Called on the launching thread; an exception it throws is said and ignored.
+  std::function<void(const RunReport&)> before_final_record;
 };
 
 }  // namespace airhost

@@ -73,6 +73,27 @@ TEST_CASE("CPU time is progress outside torch.distributed, not while a rank spin
   CHECK(spin.feed(2, {at(0, "all_reduce", 205, true), at(1, "barrier", 300, true)}));
 }
 
+TEST_CASE("a stuck rank whose library threads tick over (gloo polls every 10 ms) is still hung") {
+  // 100 ticks a second; rank 1 uses about 1 tick a second (under 5% of a core): no progress.
+  HangWatch w(milliseconds(3000), 100);
+  CHECK_FALSE(w.feed(0, {at(0, "all_reduce", 5, true), at(1, "wait_for_data", 100)}));
+  CHECK_FALSE(w.feed(1, {at(0, "all_reduce", 6, true), at(1, "wait_for_data", 101)}));
+  CHECK_FALSE(w.feed(2, {at(0, "all_reduce", 7, true), at(1, "wait_for_data", 103)}));
+  CHECK(w.feed(3, {at(0, "all_reduce", 8, true), at(1, "wait_for_data", 104)}));
+  // The same rank using 5% of a core (5 ticks a second) made progress.
+  HangWatch busy(milliseconds(3000), 100);
+  CHECK_FALSE(busy.feed(0, {at(1, "wait_for_data", 100)}));
+  CHECK_FALSE(busy.feed(1, {at(1, "wait_for_data", 105)}));
+  CHECK_FALSE(busy.feed(2, {at(1, "wait_for_data", 110)}));
+  CHECK_FALSE(busy.feed(3, {at(1, "wait_for_data", 115)}));
+  CHECK_FALSE(busy.feed(4, {at(1, "wait_for_data", 120)}));
+  // With a minute between samples the bar is 3 s of CPU: a minute of polling threads stays under it.
+  HangWatch slow(milliseconds(6 * 60000), 100);
+  CHECK_FALSE(slow.feed(0, {at(1, "wait_for_data", 1000)}));
+  CHECK(slow.wants_stack(1, 1060, 60));
+  CHECK_FALSE(slow.wants_stack(1, 1300, 60));
+}
+
 TEST_CASE("an exited rank holds nothing; a rank that starts is progress") {
   HangWatch w(milliseconds(2000));
   HangSample gone = at(1, "", 0);
@@ -111,12 +132,13 @@ TEST_CASE("the report names the rank that is elsewhere and what the others wait 
 
 TEST_CASE("only a rank that stood still or waits in a collective is asked for its stack") {
   HangWatch w(milliseconds(2000));
-  CHECK_FALSE(w.wants_stack(0, 120));  // busy since it started: progress, no signal needed
-  CHECK(w.wants_stack(0, 0));
+  CHECK_FALSE(w.wants_stack(0, 120, 0));  // busy since it started: progress, no signal needed
+  CHECK(w.wants_stack(0, 0, 0));
   CHECK_FALSE(w.feed(0, {at(0, "train_step", 100), at(1, "all_reduce", 10, true)}));
-  CHECK_FALSE(w.wants_stack(0, 150));  // burned CPU outside torch.distributed
-  CHECK(w.wants_stack(0, 100));        // stood still: has its stack moved?
-  CHECK(w.wants_stack(1, 40));         // in a collective, spinning or not
+  CHECK_FALSE(w.wants_stack(0, 150, 1));  // burned CPU outside torch.distributed
+  CHECK(w.wants_stack(0, 100, 1));        // stood still: has its stack moved?
+  CHECK(w.wants_stack(0, 102, 1));        // a tick or two: its library threads, not progress
+  CHECK(w.wants_stack(1, 40, 1));         // in a collective, spinning or not
   const HangSample carried = w.carried(0, 150);
   CHECK(carried.where == "train_step");
   CHECK(carried.cpu == 150);
