@@ -15,9 +15,11 @@
 #include <system_error>
 
 #include "airhost/airhost.hpp"
+#include "launch/flight_recorder.hpp"
 #include "launch/link_auth.hpp"
 #include "launch/node_link.hpp"
 #include "launch/port.hpp"
+#include "launch/rank_env.hpp"
 #include "launch/run_report.hpp"
 #include "launch/run_dir.hpp"
 #include "launch/supervisor.hpp"
@@ -583,6 +585,21 @@ RunReport Launcher::run() {
       detail::append_file(r.stderr_log, (detail::ends_line(r.stderr_log) ? "" : "\n") + mark);
   }
   sweep_results_dir(spec.run_dir);
+  // A run that ended badly with torch's flight recorder dumps (an NCCL timeout writes them):
+  // which collective each rank reached, in a few lines of the summary.
+  if (!report.ok()) {
+    const std::string stacks = spec.run_dir + "/stacks";
+    const std::string python = spec.python.empty() ? default_python() : spec.python;
+    report.flight_recorder =
+        detail::flight_recorder_summary(python, stacks, detail::kFlightRecorderPrefix, std::chrono::seconds(30));
+    if (!report.flight_recorder.empty()) {
+      try {
+        detail::write_file_atomic(stacks + "/flight-recorder.txt", report.flight_recorder);
+      } catch (const std::exception&) {
+      }
+      out.log(report.flight_recorder);
+    }
+  }
   // Results over 64 KiB came as descriptors (ResultBlob). Unless the caller reads them from
   // there itself, they become bytes in RankReport::result, as every result was before.
   if (!spec.keep_result_descriptors) {

@@ -75,6 +75,11 @@ std::vector<std::string> build_rank_env(const LaunchSpec& spec, int local_rank, 
     env.try_emplace("TORCH_NCCL_DUMP_ON_TIMEOUT", "1");
     if (!env.count("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") && !ctx.run_dir.empty())
       env.try_emplace("TORCH_FR_DUMP_TEMP_FILE", ctx.run_dir + "/stacks/" + kFlightRecorderPrefix);
+    // ... and on demand: NCCL's monitor thread makes <prefix>N.pipe and dumps when it reads a
+    // byte there, which the host writes when its hang watch or the timeout finds the ranks
+    // stuck (flight_recorder.hpp).
+    if (!ctx.run_dir.empty())
+      env.try_emplace("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", ctx.run_dir + "/stacks/" + kFlightRecorderPrefix);
   }
 
   for (const auto& [k, v] : spec.env) env[k] = v;

@@ -319,6 +319,7 @@ std::string failure_summary(const RunReport& report) {
       }
     }
   }
+  o << report.flight_recorder;
   o << "Run directory: " << report.run_dir << " (run.json, logs/)\n";
   return o.str();
 }

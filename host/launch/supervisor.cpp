@@ -22,6 +22,8 @@
 #include "base/util.hpp"
 #include "launch/console_writer.hpp"
 #include "launch/escapees.hpp"
+#include "launch/rank_env.hpp"
+#include "launch/flight_recorder.hpp"
 #include "launch/frames.hpp"
 #include "launch/group_guard.hpp"
 #include "launch/log_stream.hpp"
@@ -40,6 +42,9 @@ constexpr std::size_t kMaxPassedFds = 8;
 // How long pipes may stay open after their rank exited: a grandchild (a DataLoader worker,
 // say) can hold them. Its process group is killed at exit, so this is only a safety net.
 constexpr uint64_t kDrainMs = 3000;
+// How long the ranks' flight recorders (NCCL) may take to dump before a timeout or a hang stops
+// them: their monitor threads look at their pipes about once a second.
+constexpr uint64_t kFlightRecorderWaitMs = 10000;
 
 // SIGUSR1 and SIGUSR2 end nothing: a scheduler's warning that the job's time is nearly up
 // (Slurm's --signal=USR1@90), passed to every rank to checkpoint on (forward_warning). Nor
@@ -153,6 +158,14 @@ struct Supervisor::Impl {
   // The hang watch (hang_watch.hpp): every rank sampled every hang_sample_every(), and one
   // report when no rank has made progress for hang_timeout.
   uv_timer_t hang_timer{};
+  // torch's flight recorder asked for a dump (flight_recorder.hpp): what waits for the dumps.
+  struct FlightRecorderWait {
+    std::vector<int> asked;
+    double since = 0;
+    std::uint64_t deadline = 0;
+    std::function<void()> then;
+  } fr_wait;
+  uv_timer_t fr_timer{};
   std::unique_ptr<HangWatch> hang_watch;
   std::string hang_seen;  // the report's first line, once a hang was seen
 
@@ -825,6 +838,7 @@ struct Supervisor::Impl {
     uv_close(as_handle(&resume_timer), nullptr);
     uv_close(as_handle(&alive_timer), nullptr);
     uv_close(as_handle(&hang_timer), nullptr);
+    uv_close(as_handle(&fr_timer), nullptr);
     if (escapees_told) escapees.kill_all();  // what a teardown signal did not end by now
     escapees.close();
     if (stacks) stacks->close();
@@ -1007,13 +1021,47 @@ struct Supervisor::Impl {
                              (snap.file.empty() ? "" : "; every rank's stacks: " + snap.file));
         if (spec().stop_on_hang) {
           cause.hang = hang_seen;
-          begin_teardown(Outcome::timed_out, SIGTERM);
+          ask_flight_recorder([this] { begin_teardown(Outcome::timed_out, SIGTERM); }, true);
         } else {
+          ask_flight_recorder({}, false);
           plan.out->say("the run goes on (--on-hang report); airhost stacks " + plan.context.run_id +
                         " shows where the ranks are now");
         }
       });
     });
+  }
+
+  // GPU ranks stuck: their NCCL flight recorders are asked for a dump of their recent
+  // collectives (flight_recorder.hpp), read back into the summary when the run ends. `wait`:
+  // `then` runs once every asked rank dumped, or kFlightRecorderWaitMs passed (the ranks are
+  // about to be stopped, and would take their rings with them); else at once.
+  void ask_flight_recorder(std::function<void()> then, bool wait) {
+    const std::string dir = plan.context.run_dir + "/stacks";
+    const double since = now_seconds();
+    auto asked = poke_flight_recorder(dir, kFlightRecorderPrefix);
+    if (!asked.empty())
+      plan.out->say("asked torch's flight recorder of " + std::string(asked.size() == 1 ? "rank " : "ranks ") +
+                    rank_ranges(asked) + " for its recent collectives (NCCL): " + dir + "/" + kFlightRecorderPrefix + "N");
+    if (asked.empty() || !wait) {
+      if (then) then();
+      return;
+    }
+    fr_wait = {std::move(asked), since, uv_now(&loop) + kFlightRecorderWaitMs, std::move(then)};
+    uv_timer_start(&fr_timer, [](uv_timer_t* t) {
+      auto* self = static_cast<Impl*>(t->data);
+      self->guarded("waiting for the flight recorder's dumps", [&] {
+        auto& w = self->fr_wait;
+        const auto done = flight_recorder_dumped(self->plan.context.run_dir + "/stacks", kFlightRecorderPrefix, w.asked, w.since);
+        if (done.size() < w.asked.size() && uv_now(&self->loop) < w.deadline) return;
+        uv_timer_stop(t);
+        if (done.size() < w.asked.size())
+          self->plan.out->say("the flight recorder of " + std::to_string(w.asked.size() - done.size()) + " rank(s) did not dump within " +
+                              std::to_string(kFlightRecorderWaitMs / 1000) + " s");
+        auto then = std::move(w.then);
+        w = {};
+        if (then) then();
+      });
+    }, 100, 100);
   }
 
   void start_stacks() {
@@ -1080,6 +1128,8 @@ struct Supervisor::Impl {
     uv_timer_init(&loop, &resume_timer);
     uv_timer_init(&loop, &alive_timer);
     uv_timer_init(&loop, &hang_timer);
+    uv_timer_init(&loop, &fr_timer);
+    fr_timer.data = this;
     timeout_timer.data = grace_timer.data = output_timer.data = resume_timer.data = alive_timer.data = hang_timer.data = this;
     if (plan.on_alive) {
       plan.on_alive();
@@ -1127,7 +1177,7 @@ struct Supervisor::Impl {
         // Where each rank was, before they are stopped: no run ends by its timeout without it.
         self->guarded("the timeout", [&] {
           self->show_stacks("the timeout passed: where each rank is, before they are stopped", [self] {
-            self->begin_teardown(Outcome::timed_out, SIGTERM);
+            self->ask_flight_recorder([self] { self->begin_teardown(Outcome::timed_out, SIGTERM); }, true);
           });
         });
       }, static_cast<uint64_t>(plan.time_limit.count()), 0);

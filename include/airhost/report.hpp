@@ -139,6 +139,9 @@ struct RunReport {
   std::vector<std::string> trimmed_logs;     // each log whose middle OutputOptions::log_max_bytes cut
   std::uint64_t unshown_bytes = 0;   // rank output the host's stdout/stderr reader did not take in
                                      // time (skipped, never blocking the run); all of it is in the logs
+  std::string flight_recorder;       // a run that did not succeed, with torch's flight recorder dumps
+                                     // in its stacks/: their summary (which collective, which rank
+                                     // never entered it), a few lines; empty otherwise
 
   bool ok() const noexcept { return outcome == Outcome::succeeded; }
 };

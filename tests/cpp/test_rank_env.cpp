@@ -106,15 +106,17 @@ TEST_CASE("GPU ranks get NCCL's flight recorder, dumping into the run directory,
   CHECK(env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000");
   CHECK(env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1");
   CHECK(env["TORCH_FR_DUMP_TEMP_FILE"] == "/runs/r/stacks/nccl-trace-rank-");
+  CHECK(env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/runs/r/stacks/nccl-trace-rank-");
 
   // The user's own settings, under either of torch's names, are left alone.
   env = as_map(build_rank_env(spec, 1, ctx,
                               {"TORCH_FR_BUFFER_SIZE=50", "TORCH_NCCL_DUMP_ON_TIMEOUT=0",
-                               "TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/mine/fr_"}));
+                               "TORCH_NCCL_DEBUG_INFO_TEMP_FILE=/mine/fr_", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/mine/p_"}));
   CHECK(env.count("TORCH_NCCL_TRACE_BUFFER_SIZE") == 0);
   CHECK(env["TORCH_FR_BUFFER_SIZE"] == "50");
   CHECK(env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0");
   CHECK(env.count("TORCH_FR_DUMP_TEMP_FILE") == 0);
+  CHECK(env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] == "/mine/p_");
   env = as_map(build_rank_env(spec, 0, ctx, {"TORCH_NCCL_TRACE_BUFFER_SIZE=0"}));
   CHECK(env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "0");  // 0 turns it off, as in torch
 
@@ -123,6 +125,7 @@ TEST_CASE("GPU ranks get NCCL's flight recorder, dumping into the run directory,
   env = as_map(build_rank_env(spec, 0, ctx, {}));
   CHECK(env.count("TORCH_NCCL_TRACE_BUFFER_SIZE") == 0);
   CHECK(env.count("TORCH_FR_DUMP_TEMP_FILE") == 0);
+  CHECK(env.count("TORCH_NCCL_DEBUG_INFO_PIPE_FILE") == 0);
 }
 
 TEST_CASE("without inherit_env only airhost's own variables are set") {

@@ -310,3 +310,45 @@ def test_a_bad_sampling_length_is_one_line_and_exit_2(airhost, tmp_path, flags, 
     done = subprocess.run([airhost.binary, "stacks", *flags], env=airhost.env(tmp_path / "runs"), capture_output=True,
                           text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert done.returncode == 2 and says in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+# ---- torch's flight recorder, read back -------------------------------------------------
+
+
+def test_a_run_that_ends_badly_names_the_rank_missing_from_a_collective_from_the_flight_recorder(airhost, tmp_path):
+    run = airhost(script("fr_hang.py"), "-n", "3", "--timeout", "12", "--", "self", env={"TORCH_FR_BUFFER_SIZE": "100"})
+    run.assert_rc(124)
+    assert run.out.count("dumped") == 3, run.describe()
+    assert "Flight recorder, torch's ring of recent collectives (ranks 0-2 dumped):" in run.err, run.describe()
+    line = ("process group 0 (default_pg): rank 1 never entered collective #4 (gloo:all_reduce) that ranks 0,2 "
+            "entered; its last was #3 (gloo:all_reduce)")
+    assert line in run.err, run.describe()
+    # Before the run directory line, and kept in the run directory.
+    assert run.err.index(line) < run.err.index("Run directory: "), run.describe()
+    kept = (run.run_dir / "stacks" / "flight-recorder.txt").read_text()
+    assert line in kept, kept
+
+
+def test_a_flight_recorder_dump_that_cannot_be_read_is_said_and_the_rest_still_read(airhost, tmp_path):
+    run = airhost(script("fr_hang.py"), "-n", "3", "--timeout", "12", "--", "self", env={"TORCH_FR_BUFFER_SIZE": "100"})
+    run.assert_rc(124)
+    # The same dumps read again, one of them cut short as by a rank that died writing it.
+    stacks = run.run_dir / "stacks"
+    whole = (stacks / "nccl-trace-rank-2").read_bytes()
+    (stacks / "nccl-trace-rank-2").write_bytes(whole[: len(whole) // 2])
+    source = (Path(__file__).resolve().parents[2] / "runtime" / "flight_recorder.py").read_text()
+    done = subprocess.run([sys.executable, "-I", "-c", source, str(stacks)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "(ranks 0-1 dumped)" in done.stdout and "rank 2: its dump cannot be read" in done.stdout, done.stdout
+    assert "rank 1 never entered collective #4" in done.stdout, done.stdout
+
+
+def test_a_hang_the_watch_finds_asks_the_flight_recorder_for_a_dump_before_the_ranks_are_stopped(airhost, tmp_path):
+    # NCCL's monitor thread cannot run here: fr_hang.py's stand-in listens on the pipe as it does.
+    run = airhost(script("fr_hang.py"), "-n", "3", "--hang-timeout", "6s", "--on-hang", "stop", "--", "pipe",
+                  env={"TORCH_FR_BUFFER_SIZE": "100"}, timeout=90)
+    run.assert_rc(124)
+    assert "no rank has made progress" in run.err, run.describe()
+    assert "asked torch's flight recorder of ranks 0-2 for its recent collectives (NCCL): " in run.err, run.describe()
+    assert run.out.count("dumped") == 3, run.describe()  # before the ranks were stopped
+    assert "rank 1 never entered collective #4 (gloo:all_reduce) that ranks 0,2 entered" in run.err, run.describe()
