@@ -31,8 +31,8 @@
 #             initialised and runs a matmul on the GPU
 #   startup   cold start-up to the line after `import torch`, 4 ranks, against torchrun on this
 #             node (bench/launch.py --only startup)
-#   hang      the hang report on an NCCL all-reduce where one rank never arrives: SKIP until
-#             that work lands
+#   hang      an NCCL all-reduce one rank never enters, ended by --timeout: the stacks, NCCL's
+#             flight recorder dumped through airhost's pipe, and the summary naming rank 1
 #
 # Output: a summary on stdout; every step's full output in $AIRHOST_GPU_CHECK_LOGS (default
 # build/gpu-check/). Exit status: 0 when no step FAILed, 1 otherwise.
@@ -385,8 +385,26 @@ EOF
     fi
   fi
 
-  # --- 12. hang ---------------------------------------------------------------------------------
-  record hang SKIP "the hang report (issue 20) has not landed"
+  # --- 12. hang: an NCCL collective one rank never enters ----------------------------------------
+  if needs_gpu hang; then
+    if [ "$t_count" -lt 2 ]; then
+      record hang SKIP "needs 2 GPUs (NCCL between ranks); $t_count here"
+    else
+      t0=$(date +%s)
+      dir=$(run_dir hang)
+      (cd "$ROOT" && timeout 200 "$AIRHOST" scripts/gpu_check/nccl_hang.py --accelerators 2 --timeout 60 \
+        --run-dir "$dir") >"$LOGS/hang.txt" 2>&1
+      rc=$?
+      grep -E 'timeout|flight recorder|never entered|disagree|rank [0-9]+ .*is in|are in' "$LOGS/hang.txt" | head -12 | sed 's/^/   | /'
+      dumps=$(ls "$dir"/stacks/nccl-trace-rank-[0-9]* 2>/dev/null | wc -l)
+      named=$(grep -m 1 -o 'rank 1 never entered collective #[0-9]* ([^)]*)' "$LOGS/hang.txt")
+      if [ $rc = 124 ] && [ -n "$named" ]; then
+        record hang PASS "exit 124 in $(( $(date +%s) - t0 )) s; $dumps flight recorder dump(s); summary: $named"
+      else
+        record hang FAIL "exit $rc, $dumps flight recorder dump(s), no rank named in the summary; see $LOGS/hang.txt and $dir/stacks"
+      fi
+    fi
+  fi
 fi
 
 # --- Summary ----------------------------------------------------------------------------------
