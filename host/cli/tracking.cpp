@@ -90,6 +90,32 @@ try:
 except Exception as e:
     print("airhost: could not set MLflow run %s to %s: %s" % (run_id, status, e), file=sys.stderr, flush=True)
     sys.exit(1)
+# What each rank used, sampled by the host (launch/rank_usage.hpp): system metrics per rank,
+# after the status, so that the host's bounded wait for this helper never costs the status.
+try:
+    import json
+    from mlflow.entities import Metric
+    by_rank = {}
+    with open(os.path.join(os.path.dirname(path), "metrics", "ranks.jsonl")) as f:
+        for line in f:
+            try:
+                u = json.loads(line)
+                by_rank.setdefault(int(u["rank"]), []).append((int(float(u["t"]) * 1000), u))
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut short by a full disk
+    metrics = []
+    for r, series in by_rank.items():
+        stride = max(1, -(-len(series) // 2000))  # at most 2000 points a series: a 3-day run stays quick
+        for k, (ts, u) in enumerate(series[::stride]):
+            if u.get("cpu_percent") is not None:
+                metrics.append(Metric("system/rank_%d/cpu_utilization_percentage" % r, float(u["cpu_percent"]), ts, k))
+            metrics.append(Metric("system/rank_%d/memory_rss_megabytes" % r, float(u.get("rss_bytes", 0)) / 2**20, ts, k))
+    for i in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[i:i + 1000])
+except FileNotFoundError:
+    pass
+except Exception as e:
+    print("airhost: could not log the ranks' CPU and memory to MLflow run %s: %s" % (run_id, e), file=sys.stderr, flush=True)
 )PY";
 
 // How long the run's creation may wait for a rank to need it: past the ranks' start-up.

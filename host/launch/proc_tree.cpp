@@ -46,11 +46,14 @@ bool read_proc_stat(int pid, ProcStat& out) {
   out.pid = pid;
   out.state = *p;
   char* end = nullptr;
-  std::uint64_t fields[20] = {};  // fields 4..22 of the man page (ppid .. starttime)
+  std::uint64_t fields[21] = {};  // fields 4..24 of the man page (ppid .. starttime, vsize, rss)
   p += 1;
-  for (int i = 0; i < 19; ++i) {
+  for (int i = 0; i < 21; ++i) {
     fields[i] = std::strtoull(p, &end, 10);
-    if (end == p) return false;
+    if (end == p) {
+      if (i < 19) return false;
+      break;
+    }
     p = end;
   }
   out.ppid = static_cast<int>(fields[0]);
@@ -58,6 +61,8 @@ bool read_proc_stat(int pid, ProcStat& out) {
   out.sid = static_cast<int>(fields[2]);
   out.start = fields[18];
   out.cpu = fields[10] + fields[11];
+  static const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  out.rss = fields[20] * page;
   return true;
 }
 

@@ -33,6 +33,7 @@ struct ProcStat {
   char state = '?';      // R S D Z T ...; 'Z' is a zombie waiting for its parent's wait()
   std::uint64_t start = 0;  // start time in clock ticks since boot: (pid, start) names one process
   std::uint64_t cpu = 0;    // CPU time used so far (user + system), clock ticks
+  std::uint64_t rss = 0;    // resident memory, bytes
 };
 
 // /proc/<pid>/stat, parsed; false when the process is gone (or /proc cannot say).

@@ -24,6 +24,7 @@
 #include "launch/escapees.hpp"
 #include "launch/rank_env.hpp"
 #include "launch/flight_recorder.hpp"
+#include "launch/rank_usage.hpp"
 #include "launch/frames.hpp"
 #include "launch/group_guard.hpp"
 #include "launch/log_stream.hpp"
@@ -45,6 +46,8 @@ constexpr uint64_t kDrainMs = 3000;
 // How long the ranks' flight recorders (NCCL) may take to dump before a timeout or a hang stops
 // them: their monitor threads look at their pipes about once a second.
 constexpr uint64_t kFlightRecorderWaitMs = 10000;
+// How often the host samples what each rank uses (rank_usage.hpp).
+constexpr uint64_t kUsageEveryMs = 5000;
 
 // SIGUSR1 and SIGUSR2 end nothing: a scheduler's warning that the job's time is nearly up
 // (Slurm's --signal=USR1@90), passed to every rank to checkpoint on (forward_warning). Nor
@@ -166,6 +169,10 @@ struct Supervisor::Impl {
     std::function<void()> then;
   } fr_wait;
   uv_timer_t fr_timer{};
+  // What each rank uses (rank_usage.hpp): sampled every kUsageEveryMs into metrics/ranks.jsonl.
+  UsageMeter usage_meter{::sysconf(_SC_CLK_TCK)};
+  std::vector<RankUsage> last_usage;
+  uv_timer_t usage_timer{};
   std::unique_ptr<HangWatch> hang_watch;
   std::string hang_seen;  // the report's first line, once a hang was seen
 
@@ -839,6 +846,7 @@ struct Supervisor::Impl {
     uv_close(as_handle(&alive_timer), nullptr);
     uv_close(as_handle(&hang_timer), nullptr);
     uv_close(as_handle(&fr_timer), nullptr);
+    uv_close(as_handle(&usage_timer), nullptr);
     if (escapees_told) escapees.kill_all();  // what a teardown signal did not end by now
     escapees.close();
     if (stacks) stacks->close();
@@ -961,6 +969,37 @@ struct Supervisor::Impl {
     });
   }
 
+  // Every kUsageEveryMs: each live rank's CPU and memory, from /proc, appended to
+  // <run_dir>/metrics/ranks.jsonl (a disk that refuses it costs the series, never the run).
+  void start_usage() {
+    uv_timer_start(&usage_timer, [](uv_timer_t* t) {
+      auto* self = static_cast<Impl*>(t->data);
+      self->guarded("sampling what the ranks use", [&] { self->sample_usage(); });
+    }, kUsageEveryMs, kUsageEveryMs);
+  }
+
+  void sample_usage() {
+    std::vector<std::pair<int, int>> alive;
+    for (auto& r : ranks)
+      if (r->alive() && r->report.pid > 0) alive.push_back({r->report.rank, r->report.pid});
+    if (alive.empty()) return;
+    last_usage = usage_meter.sample(now_seconds(), alive, list_processes(), spec().node_rank);
+    std::string lines;
+    for (const auto& u : last_usage) lines += usage_json_line(u);
+    const std::string dir = plan.context.run_dir + "/metrics";
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return;
+    const int fd = ::open((dir + "/ranks.jsonl").c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    (void)!::write(fd, lines.data(), lines.size());
+    ::close(fd);
+  }
+
+  // The ranks' CPU and memory at the last sample, one line in a report, when there is one.
+  void say_usage() {
+    const std::string text = usage_text(last_usage);
+    if (!text.empty()) plan.out->say(text);
+  }
+
   void start_hang_watch() {
     if (spec().hang_timeout.count() <= 0 || !stacks) return;
     hang_watch = std::make_unique<HangWatch>(spec().hang_timeout, ::sysconf(_SC_CLK_TCK));
@@ -1019,6 +1058,7 @@ struct Supervisor::Impl {
         hang_seen = hang_headline(snap, still, spec().hang_timeout);
         say_stacks(snap, "run " + plan.context.run_id + ": " + hang_seen +
                              (snap.file.empty() ? "" : "; every rank's stacks: " + snap.file));
+        say_usage();
         if (spec().stop_on_hang) {
           cause.hang = hang_seen;
           ask_flight_recorder([this] { begin_teardown(Outcome::timed_out, SIGTERM); }, true);
@@ -1130,6 +1170,8 @@ struct Supervisor::Impl {
     uv_timer_init(&loop, &hang_timer);
     uv_timer_init(&loop, &fr_timer);
     fr_timer.data = this;
+    uv_timer_init(&loop, &usage_timer);
+    usage_timer.data = this;
     timeout_timer.data = grace_timer.data = output_timer.data = resume_timer.data = alive_timer.data = hang_timer.data = this;
     if (plan.on_alive) {
       plan.on_alive();
@@ -1177,12 +1219,14 @@ struct Supervisor::Impl {
         // Where each rank was, before they are stopped: no run ends by its timeout without it.
         self->guarded("the timeout", [&] {
           self->show_stacks("the timeout passed: where each rank is, before they are stopped", [self] {
+            self->say_usage();
             self->ask_flight_recorder([self] { self->begin_teardown(Outcome::timed_out, SIGTERM); }, true);
           });
         });
       }, static_cast<uint64_t>(plan.time_limit.count()), 0);
     }
     start_hang_watch();
+    start_usage();
     on_async();      // a cancel() or abort() that came before the loop could take it
     maybe_finish();  // nothing started at all (every spawn failed)
 
