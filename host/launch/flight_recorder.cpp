@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "base/util.hpp"
-#include "flight_recorder_py.hpp"
+#include "launch/flight_recorder_py.hpp"  // generated from runtime/flight_recorder.py
 
 extern char** environ;
 

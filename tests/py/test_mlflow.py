@@ -53,7 +53,9 @@ def test_a_distributed_call_is_a_finished_mlflow_run_in_the_experiment_of_mlflow
     assert len(runs) == 1, runs
     run = runs[0]
     assert run.info.status == "FINISHED"
-    assert run.data.metrics == {"rank0_metric": 0.5, "rank1_metric": 1.5}
+    # The ranks' own metrics (a call that lasts 5 s or more also has the host's system/ ones).
+    assert {k: v for k, v in run.data.metrics.items() if not k.startswith("system/")} == {
+        "rank0_metric": 0.5, "rank1_metric": 1.5}
     assert run.data.params["num_accelerators"] == "2"
     assert "mlflow.parentRunId" not in run.data.tags
     # The caller was told where the run is.
@@ -136,3 +138,18 @@ def test_tracking_false_creates_no_run(api_tmp):
     assert not (api_tmp / "mlflow.db").exists() or runs_of(api_tmp)[1] == []
     assert "MLflow" not in caller.err
     assert not (api_tmp / "mlruns").exists()
+
+
+@pytest.mark.timeout(150)
+def test_a_call_holds_each_ranks_cpu_and_memory_sampled_by_the_host(api_tmp):
+    out = run_scenario(api_tmp, "mlflow_calls.py", "busy", "12", env=mlflow_env(api_tmp), timeout=120).ok().result
+    assert out["results"] == [0, 1]
+    client, runs = airhost_runs(api_tmp, "busy")
+    assert len(runs) == 1, runs
+    run_id = runs[0].info.run_id
+    for rank in (0, 1):
+        mem = client.get_metric_history(run_id, f"system/rank_{rank}/memory_rss_megabytes")
+        assert len(mem) >= 2 and all(m.value > 10 for m in mem), (rank, mem)
+    cpu0 = client.get_metric_history(run_id, "system/rank_0/cpu_utilization_percentage")
+    cpu1 = client.get_metric_history(run_id, "system/rank_1/cpu_utilization_percentage")
+    assert cpu0 and cpu1 and max(m.value for m in cpu0) > 50 and max(m.value for m in cpu1) < 20, (cpu0, cpu1)

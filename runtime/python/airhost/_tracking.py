@@ -75,6 +75,7 @@ class Tracking:
                 experiment_id = getattr(fluent, "_active_experiment_id", None)
             except Exception:
                 pass
+        self._run_dir = os.path.dirname(env_file)
         self._thread = threading.Thread(
             target=self._create,
             args=(env_file, parent, experiment_id, mlflow is None),
@@ -182,6 +183,41 @@ class Tracking:
             self._client.set_terminated(self.run_id, status=self._status)
         except Exception as e:
             print(f"airhost: could not close MLflow run {self.run_id}: {e}", file=self._out)
+        self._log_rank_usage()
+
+    def _log_rank_usage(self) -> None:
+        """What each rank used, sampled by the host every 5 s into <run_dir>/metrics/ranks.jsonl
+        (host/launch/rank_usage.hpp): system metrics per rank, as the CLI's run gets them
+        (cli/tracking.cpp), at most 2000 points a series. A call under 5 s has none."""
+        path = os.path.join(getattr(self, "_run_dir", "") or "", "metrics", "ranks.jsonl")
+        try:
+            with open(path) as f:
+                lines = f.readlines()
+        except OSError:
+            return
+        try:
+            import json
+
+            from mlflow.entities import Metric
+
+            by_rank: Dict[int, list] = {}
+            for line in lines:
+                try:
+                    u = json.loads(line)
+                    by_rank.setdefault(int(u["rank"]), []).append((int(float(u["t"]) * 1000), u))
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by a full disk
+            metrics = []
+            for r, series in by_rank.items():
+                stride = max(1, -(-len(series) // 2000))
+                for k, (ts, u) in enumerate(series[::stride]):
+                    if u.get("cpu_percent") is not None:
+                        metrics.append(Metric(f"system/rank_{r}/cpu_utilization_percentage", float(u["cpu_percent"]), ts, k))
+                    metrics.append(Metric(f"system/rank_{r}/memory_rss_megabytes", float(u.get("rss_bytes", 0)) / 2**20, ts, k))
+            for i in range(0, len(metrics), 1000):
+                self._client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+        except Exception as e:
+            print(f"airhost: could not log the ranks' CPU and memory to MLflow run {self.run_id}: {e}", file=self._out)
 
 
 # How long finish() waits for a run still being made, and the interpreter's exit for the runs

@@ -47,6 +47,22 @@ def scenario_many(ranks, steps):
     _helpers.report({"results": results, "seconds": time.monotonic() - t0})
 
 
+def busy(seconds):
+    # Rank 0 computes for `seconds`, rank 1 sleeps as long: the host's samples tell them apart.
+    rank, until = int(os.environ["RANK"]), time.monotonic() + seconds
+    while time.monotonic() < until:
+        if rank == 0:
+            sum(range(10000))
+        else:
+            time.sleep(0.2)
+    return rank
+
+
+def scenario_busy(seconds):
+    results = distributed(num_accelerators=2)(busy).distributed(float(seconds))
+    _helpers.report({"results": results})
+
+
 def fails():
     if os.environ["RANK"] == "1":
         raise ValueError("diverged")
