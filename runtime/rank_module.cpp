@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cerrno>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include <string_view>
 #include <system_error>
 
+#include "base/fault_guard.hpp"
 #include "launch/frames.hpp"
 #include "launch/stacks.hpp"
 #include "rank_module.hpp"
@@ -87,6 +89,9 @@ PyInterpreterState* stacks_interp = nullptr;
 int stacks_fd = -1;
 pid_t stacks_pid = -1;
 unsigned long long stacks_main = 0;
+unsigned stacks_seq = 0;                 // the request the dump being written answers
+std::atomic<unsigned> stacks_wanted{0};  // the newest request
+std::atomic<bool> stacks_busy{false};    // a thread of this rank is writing a dump
 
 void put(const char* s, std::size_t n) {
   while (n) {
@@ -105,18 +110,37 @@ void put(unsigned long long v) {
   put(buf + i, sizeof buf - static_cast<std::size_t>(i));
 }
 
+// One dump of every thread into stacks_fd; a fault in it (a thread that ran on changed what was
+// being read) ends it early, and the caller writes it again.
+void dump_into_file(void*) {
+  ::lseek(stacks_fd, 0, SEEK_SET);
+  if (::ftruncate(stacks_fd, 0) != 0) return;
+  put(airhost::detail::kStacksHeader);
+  put("seq="), put(stacks_seq), put(" pid="), put(static_cast<unsigned long long>(stacks_pid));
+  put(" main="), put(stacks_main), put("\n");
+  const char* err = dump_threads(stacks_fd, stacks_interp, nullptr);
+  if (err) put("error: "), put(err), put("\n");
+}
+
+constexpr int kDumpTries = 5;
+
 void on_stacks_signal(int, siginfo_t* info, void*) {
   const int saved = errno;
   if (stacks_fd >= 0 && ::getpid() == stacks_pid) {  // not in a process forked from the rank
-    const unsigned seq = info && info->si_code == SI_QUEUE ? static_cast<unsigned>(info->si_value.sival_int) : 0;
-    ::lseek(stacks_fd, 0, SEEK_SET);
-    if (::ftruncate(stacks_fd, 0) == 0) {
-      put(airhost::detail::kStacksHeader);
-      put("seq="), put(seq), put(" pid="), put(static_cast<unsigned long long>(stacks_pid));
-      put(" main="), put(stacks_main), put("\n");
-      const char* err = dump_threads(stacks_fd, stacks_interp, nullptr);
-      if (err) put("error: "), put(err), put("\n");
-      put(airhost::detail::kStacksEnd), put("seq="), put(seq), put("\n");
+    stacks_wanted.store(info && info->si_code == SI_QUEUE ? static_cast<unsigned>(info->si_value.sival_int) : 0);
+    // Another thread of this rank may be answering already (the signal goes to any thread):
+    // it answers this request too, before it lets go.
+    if (!stacks_busy.exchange(true)) {
+      do {
+        stacks_seq = stacks_wanted.load();
+        bool whole = false;
+        for (int tries = 0; !whole && tries < kDumpTries; ++tries) whole = airhost::detail::read_guarded(dump_into_file, nullptr);
+        if (!whole) {
+          put("error: the stacks kept changing while they were read (threads running Python); ask again\n");
+        }
+        put(airhost::detail::kStacksEnd), put("seq="), put(stacks_seq), put("\n");
+      } while (stacks_wanted.load() != stacks_seq);
+      stacks_busy.store(false);
     }
   }
   errno = saved;
