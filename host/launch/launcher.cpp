@@ -319,6 +319,7 @@ struct Launcher::Impl {
   int pending_cancel = 0;
   std::string pending_abort;  // another node is gone: why (the node link's thread sets it)
   int pending_abort_attempt = 0;  // ... in which attempt: a report of the next one waits for it
+  bool pending_abort_timed_out = false, pending_abort_hung = false;  // ... as a timeout or a hang (NodeDown)
   bool ran = false;
 };
 
@@ -447,11 +448,23 @@ RunReport Launcher::run() {
       }
       return report;
     }
+    // Stacks across nodes: node 0's requests reach the supervisor of this node's attempt under
+    // way; a node between two attempts has no ranks to show, and node 0 names it as silent.
+    link->handle_stacks({[this](unsigned seq, const std::string& only) {
+                           std::lock_guard lock(impl_->mutex);
+                           if (impl_->supervisor) impl_->supervisor->stacks_asked(seq, only);
+                         },
+                         [this](int node, unsigned seq, const std::string& ranks) {
+                           std::lock_guard lock(impl_->mutex);
+                           if (impl_->supervisor) impl_->supervisor->stacks_answered(node, seq, ranks);
+                         }});
     link->start([this](const detail::NodeDown& down) {
       std::lock_guard lock(impl_->mutex);
       if (impl_->pending_abort.empty() || impl_->pending_abort_attempt != down.attempt)
-        impl_->pending_abort = down.message, impl_->pending_abort_attempt = down.attempt;
-      if (impl_->supervisor && impl_->supervisor_attempt == down.attempt) impl_->supervisor->abort(down.message);
+        impl_->pending_abort = down.message, impl_->pending_abort_attempt = down.attempt,
+        impl_->pending_abort_timed_out = down.timed_out && !down.cascade, impl_->pending_abort_hung = down.hung;
+      if (impl_->supervisor && impl_->supervisor_attempt == down.attempt)
+        impl_->supervisor->abort(down.message, down.timed_out && !down.cascade, down.hung);
     });
   }
 
@@ -497,7 +510,16 @@ RunReport Launcher::run() {
     plan.context = {spec.run_id, spec.run_dir, master_port, static_cast<int>(::getpid()), 3, spec.restart_offset + attempt};
     plan.out = &out;
     if (link) {
-      plan.on_teardown = [&link](Outcome, const std::string& why, bool cascade) { link->tell_down(why, cascade); };
+      plan.on_teardown = [&link](Outcome reason, const std::string& why, bool cascade) {
+        link->tell_down(why, cascade, reason == Outcome::timed_out, reason == Outcome::timed_out && why.rfind("hung: ", 0) == 0);
+      };
+      plan.ask_stacks = [&link](unsigned seq, const std::vector<int>* only) {
+        std::string text;
+        if (only)
+          for (int r : *only) text += (text.empty() ? "" : ",") + std::to_string(r);
+        link->ask_stacks(seq, only && only->empty() ? "-1" : text);
+      };
+      plan.answer_stacks = [&link](unsigned seq, const std::string& ranks) { link->answer_stacks(seq, ranks); };
       plan.on_alive = [&link] { link->loop_alive(); };
       plan.alive_every = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(spec.node_timeout) / 4, std::chrono::milliseconds(50), std::chrono::milliseconds(1000));
     }
@@ -521,7 +543,7 @@ RunReport Launcher::run() {
       impl_->supervisor = &supervisor;
       impl_->supervisor_attempt = attempt;
       if (impl_->pending_cancel) supervisor.cancel(impl_->pending_cancel);
-      if (!impl_->pending_abort.empty() && impl_->pending_abort_attempt == attempt) supervisor.abort(impl_->pending_abort);
+      if (!impl_->pending_abort.empty() && impl_->pending_abort_attempt == attempt) supervisor.abort(impl_->pending_abort, impl_->pending_abort_timed_out, impl_->pending_abort_hung);
     }
     report = supervisor.run();
     incomplete_logs.insert(incomplete_logs.end(), report.incomplete_logs.begin(), report.incomplete_logs.end());

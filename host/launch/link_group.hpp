@@ -28,6 +28,9 @@ struct NodeDown {
   std::string message;   // whole sentence: "node 1 (gpu-b, 10.0.0.2) was lost: ..."
   bool cascade = false;  // that node only failed because one of its ranks lost a peer
   int attempt = 0;       // the attempt it happened in (as the link's on_down hands it over)
+  bool timed_out = false;  // it ended its ranks as a timeout does (--timeout, --on-hang stop):
+                           // the other nodes end theirs the same way (exit 124)
+  bool hung = false;       // ... because its hang watch found no progress (--on-hang stop)
 };
 
 class GroupState {

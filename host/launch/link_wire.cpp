@@ -24,8 +24,8 @@ int to_int(const std::string& s, int fallback) {
   }
 }
 
-// Reads per receive(): a few of the largest frames; a peer that floods gets the next turn.
-constexpr std::size_t kReadPerTurn = 4 * kMaxLinkFrame;
+// Reads per receive(): a peer that floods gets the next turn.
+constexpr std::size_t kReadPerTurn = 256 * 1024;
 
 }  // namespace
 

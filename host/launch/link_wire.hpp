@@ -43,11 +43,16 @@ enum class LinkKind : std::uint16_t {
                   // node is there. A node that hears nothing at all after its hello (a challenge, this,
                   // a refusal) has reached something else on the port, e.g. rank 0's store of an
                   // attempt under way, and tries again.
+  stacks_ask = 15,  // node 0 → node: `airhost stacks` or the hang watch on node 0 wants this node's
+                    // ranks' stacks; fields seq, only (ranks, comma-separated; absent: all)
+  stacks = 16,      // node → node 0: the answer; fields seq, node, ranks (encode_rank_stacks)
 };
 
-// No link frame is anywhere near this (the largest is a down report with one sentence): a
+// The largest link frame: a node's answer with its ranks' stacks (kStacksAnswerCap, a few
+// KiB per rank in practice) and a little more; every other frame is under a KiB or two. A
 // larger length means the peer is not an airhost, or the stream is corrupted.
-constexpr std::size_t kMaxLinkFrame = 64 * 1024;
+constexpr std::size_t kMaxLinkFrame = 1024 * 1024;
+constexpr std::size_t kStacksAnswerCap = kMaxLinkFrame - 4096;
 
 // What a node says about itself when it joins.
 struct NodeHello {
@@ -71,13 +76,13 @@ std::string describe_node(const NodeHello& node);
 // One whole link frame: header and fields.
 std::string link_frame(LinkKind kind, const Fields& fields = {});
 
-// Every connection's output cap. Link traffic is a heartbeat (16 bytes) a second and a few
-// reports of under a KiB each, so a peer that reads at all never has more than a few
-// hundred bytes waiting here: the kernel's own socket buffer (tens of KiB at least) takes
-// them. 1 MiB is sixteen of the largest frame allowed, and what ~18 hours of heartbeats
-// would pile up, so only a peer that has stopped reading ever reaches it; and it bounds
-// node 0's memory at 1 MiB per node however many nodes stall at once.
-constexpr std::size_t kLinkOutputCap = 1024 * 1024;
+// Every connection's output cap. Link traffic is a heartbeat (16 bytes) a second, a few
+// reports of under a KiB each and, when someone asks, one answer of stacks per node, so a
+// peer that reads at all never has more than one answer waiting here. 4 MiB is four of the
+// largest frame allowed, and what days of heartbeats would pile up, so only a peer that has
+// stopped reading ever reaches it; and it bounds node 0's memory at 4 MiB per node however
+// many nodes stall at once.
+constexpr std::size_t kLinkOutputCap = 4 * 1024 * 1024;
 
 // What a socket operation found.
 enum class LinkIo {

@@ -81,6 +81,7 @@ struct NodeLink::Impl {
   int wake[2] = {-1, -1};
   std::thread thread;
   std::function<void(const NodeDown&)> on_down;
+  NodeLink::StacksHandlers stacks;  // set before the thread starts
   // The attempt under way, the same on every node: node 0 moves it on when it decides a
   // restart, another node when it hears so. Frames carry it, so that a late report of an
   // earlier attempt is told apart.
@@ -180,6 +181,8 @@ struct NodeLink::Impl {
     return link_frame(LinkKind::down, {{"node", std::to_string(d.node)},
                                        {"message", d.message},
                                        {"cascade", d.cascade ? "1" : "0"},
+                                       {"timed_out", d.timed_out ? "1" : "0"},
+                                       {"hung", d.hung ? "1" : "0"},
                                        {"attempt", std::to_string(of_attempt)}});
   }
 
@@ -267,6 +270,8 @@ struct NodeLink::Impl {
       case LinkKind::down: {
         auto fields = decode_fields(f.payload);
         NodeDown d{to_int(fields["node"], -1), fields["message"], fields["cascade"] == "1"};
+        d.timed_out = fields["timed_out"] == "1";
+        d.hung = fields["hung"] == "1";
         report(to_int(fields["attempt"], 0), d, from, &p);  // no attempt: a peer before attempts, so 0
         break;
       }
@@ -302,6 +307,18 @@ struct NodeLink::Impl {
       }
       case LinkKind::file:
         take_shared_file(decode_fields(f.payload)["text"]);
+        break;
+      case LinkKind::stacks_ask:
+        if (!hub() && stacks.on_ask) {
+          auto fields = decode_fields(f.payload);
+          stacks.on_ask(static_cast<unsigned>(to_int(fields["seq"], 0)), fields["only"]);
+        }
+        break;
+      case LinkKind::stacks:
+        if (hub() && stacks.on_answer) {
+          auto fields = decode_fields(f.payload);
+          stacks.on_answer(from, static_cast<unsigned>(to_int(fields["seq"], 0)), fields["ranks"]);
+        }
         break;
       default:
         break;  // heartbeats (hearing anything is what counts), and kinds of a later version
@@ -614,9 +631,21 @@ void NodeLink::loop_alive() noexcept {
 
 void NodeLink::unwatch_loop() noexcept { impl_->loop_turned.store(0, std::memory_order_relaxed); }
 
-void NodeLink::tell_down(const std::string& why, bool cascade) {
+void NodeLink::handle_stacks(StacksHandlers handlers) { impl_->stacks = std::move(handlers); }
+
+void NodeLink::ask_stacks(unsigned seq, const std::string& only) {
+  if (impl_->hub()) impl_->queue(link_frame(LinkKind::stacks_ask, {{"seq", std::to_string(seq)}, {"only", only}}));
+}
+
+void NodeLink::answer_stacks(unsigned seq, const std::string& ranks) {
+  if (!impl_->hub()) impl_->queue(link_frame(LinkKind::stacks, {{"seq", std::to_string(seq)}, {"ranks", ranks}}));
+}
+
+void NodeLink::tell_down(const std::string& why, bool cascade, bool timed_out, bool hung) {
   Impl& s = *impl_;
-  const NodeDown d{s.cfg.node_rank, describe_node(s.nodes[static_cast<std::size_t>(s.cfg.node_rank)]) + " " + why, cascade};
+  NodeDown d{s.cfg.node_rank, describe_node(s.nodes[static_cast<std::size_t>(s.cfg.node_rank)]) + " " + why, cascade};
+  d.timed_out = timed_out;
+  d.hung = hung;
   s.queue(s.down_frame(s.attempt, d));
 }
 

@@ -29,6 +29,9 @@
 //            listens on the port again (rank 0's store has let it go) for up to join_timeout,
 //            admits the node's new airhost as at the join (same checks, same token), and
 //            welcomes it into the next attempt while the others hear "restart".
+//   stacks   `airhost stacks` and the hang watch on node 0 see the whole job: node 0 asks every
+//            node for its ranks' stacks (stacks_ask), and each answers with them (stacks),
+//            taken by its own host as on one node.
 //   file     node 0 sends NodeLinkConfig::shared_file to every node once it exists (the MLflow
 //            run its host made), and each node writes it where its own run directory has it.
 //
@@ -71,7 +74,8 @@ class NodeLink {
 
   // This node is tearing its ranks down; `why` follows "node N (host) ", e.g. "failed: rank 3
   // exited with code 1". Any thread.
-  void tell_down(const std::string& why, bool cascade);
+  // `timed_out`: it ends its ranks as a timeout does (NodeDown::timed_out), `hung` over a hang.
+  void tell_down(const std::string& why, bool cascade, bool timed_out = false, bool hung = false);
 
   // The host's loop turns: called by it every heartbeat or so while it supervises ranks (any
   // thread). From the first call until unwatch_loop(), a loop that stops turning for
@@ -104,6 +108,20 @@ class NodeLink {
   bool after_attempt(bool want_restart, std::chrono::milliseconds limit, const std::function<bool()>& cancelled = {});
   // The attempt under way, the same on every node (TORCHELASTIC_RESTART_COUNT).
   int attempt() const;
+
+  // Stacks across nodes (stacks_service.hpp). Set before start(); called on the link's thread.
+  // Another node hears node 0 ask: on_ask(seq, only), `only` the ranks asked, comma-separated
+  // ("" for all). Node 0 hears a node's answer: on_answer(node, seq, ranks), `ranks` as
+  // encode_rank_stacks() makes it.
+  struct StacksHandlers {
+    std::function<void(unsigned seq, const std::string& only)> on_ask;
+    std::function<void(int node, unsigned seq, const std::string& ranks)> on_answer;
+  };
+  void handle_stacks(StacksHandlers handlers);
+  // Node 0: asks every other node (any thread).
+  void ask_stacks(unsigned seq, const std::string& only);
+  // Another node: answers node 0 (any thread).
+  void answer_stacks(unsigned seq, const std::string& ranks);
 
   // Every node, by node rank (this one's address empty), once joined.
   const std::vector<NodeHello>& nodes() const;

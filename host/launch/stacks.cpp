@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 
 #include "base/util.hpp"
+#include "launch/frames.hpp"
 
 namespace airhost::detail {
 namespace {
@@ -153,6 +155,85 @@ std::optional<RankStacks> parse_dump(std::string_view text, unsigned seq) {
   // The main thread first: CPython lists the newest thread first, so the main one comes last.
   std::stable_partition(r.threads.begin(), r.threads.end(), [](const ThreadStack& t) { return t.main; });
   return r;
+}
+
+namespace {
+
+std::string encode_stack(const ThreadStack& t, std::size_t max_frames) {
+  Fields f{{"id", std::to_string(t.id)},
+           {"main", t.main ? "1" : "0"},
+           {"current", t.current ? "1" : "0"},
+           {"truncated", t.truncated || t.frames.size() > max_frames ? "1" : "0"}};
+  for (std::size_t i = 0; i < t.frames.size() && i < max_frames; ++i)
+    f["f" + std::to_string(i)] = encode_fields({{"file", t.frames[i].file},
+                                                {"line", std::to_string(t.frames[i].line)},
+                                                {"function", t.frames[i].function}});
+  return encode_fields(f);
+}
+
+std::string encode_ranks(const std::vector<RankStacks>& ranks, std::size_t max_frames, bool idle_frames) {
+  Fields all;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const RankStacks& r = ranks[i];
+    Fields f{{"rank", std::to_string(r.rank)},       {"local_rank", std::to_string(r.local_rank)},
+             {"node", std::to_string(r.node)},       {"pid", std::to_string(r.pid)},
+             {"answered", r.answered ? "1" : "0"},  {"status", r.status},
+             {"proc_state", r.proc_state},           {"wchan", r.wchan},
+             {"error", r.error},                     {"cpu_ticks", std::to_string(r.cpu_ticks)}};
+    for (std::size_t k = 0; k < r.threads.size(); ++k) {
+      const bool keep = idle_frames || !is_idle(r.threads[k]);
+      f["t" + std::to_string(k)] = encode_stack(r.threads[k], keep ? max_frames : 0);
+    }
+    all["r" + std::to_string(i)] = encode_fields(f);
+  }
+  return encode_fields(all);
+}
+
+long long to_ll(const std::string& s) { return s.empty() ? 0 : std::strtoll(s.c_str(), nullptr, 10); }
+
+}  // namespace
+
+std::string encode_rank_stacks(const std::vector<RankStacks>& ranks, std::size_t cap) {
+  constexpr std::size_t kLinkFrames = 20;
+  std::string out = encode_ranks(ranks, SIZE_MAX, true);
+  if (out.size() > cap) out = encode_ranks(ranks, SIZE_MAX, false);
+  if (out.size() > cap) out = encode_ranks(ranks, kLinkFrames, false);
+  if (out.size() > cap) out = encode_ranks(ranks, 1, false);
+  return out;
+}
+
+std::vector<RankStacks> decode_rank_stacks(std::string_view payload) {
+  std::vector<RankStacks> out;
+  Fields all = decode_fields(payload);
+  for (std::size_t i = 0; all.count("r" + std::to_string(i)); ++i) {
+    Fields f = decode_fields(all["r" + std::to_string(i)]);
+    RankStacks r;
+    r.rank = static_cast<int>(to_ll(f["rank"]));
+    r.local_rank = static_cast<int>(to_ll(f["local_rank"]));
+    r.node = static_cast<int>(to_ll(f["node"]));
+    r.pid = static_cast<int>(to_ll(f["pid"]));
+    r.answered = f["answered"] == "1";
+    r.status = f["status"];
+    r.proc_state = f["proc_state"];
+    r.wchan = f["wchan"];
+    r.error = f["error"];
+    r.cpu_ticks = f.count("cpu_ticks") ? to_ll(f["cpu_ticks"]) : -1;
+    for (std::size_t k = 0; f.count("t" + std::to_string(k)); ++k) {
+      Fields t = decode_fields(f["t" + std::to_string(k)]);
+      ThreadStack ts;
+      ts.id = std::strtoull(t["id"].c_str(), nullptr, 10);
+      ts.main = t["main"] == "1";
+      ts.current = t["current"] == "1";
+      ts.truncated = t["truncated"] == "1";
+      for (std::size_t j = 0; t.count("f" + std::to_string(j)); ++j) {
+        Fields fr = decode_fields(t["f" + std::to_string(j)]);
+        ts.frames.push_back({fr["file"], static_cast<int>(to_ll(fr["line"])), fr["function"]});
+      }
+      r.threads.push_back(std::move(ts));
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 bool is_idle(const ThreadStack& t) {

@@ -59,11 +59,21 @@ struct RankStacks {
   std::string wchan;       // /proc/PID/wchan
   std::string error;       // what CPython said instead of a stack, if anything
   std::vector<ThreadStack> threads;  // main thread first
+  // CPU time of the rank's process group, in clock ticks, when the node that took the stacks
+  // measured it (another node's ranks: node 0's hang watch needs it); -1 otherwise.
+  long long cpu_ticks = -1;
 };
 
 // The dump in `text` answering request `seq`, parsed; nullopt while its end line is not there
 // (the rank is still writing it, or has not begun).
 std::optional<RankStacks> parse_dump(std::string_view text, unsigned seq);
+
+// Ranks' stacks as one node sends them to node 0 over the node link (node_link.hpp), at most
+// `cap` bytes: past it, idle threads lose their frames, then every stack keeps its innermost
+// kLinkFrames (marked truncated), so that an answer always fits a link frame.
+std::string encode_rank_stacks(const std::vector<RankStacks>& ranks, std::size_t cap);
+// Throws FrameError (frames.hpp) when `payload` is not what encode_rank_stacks makes.
+std::vector<RankStacks> decode_rank_stacks(std::string_view payload);
 
 // A thread that only waits for work: no Python frame at all, or its innermost frame in
 // threading.py, queue.py or selectors.py (a lock, a condition, a queue, a selector). The main

@@ -139,6 +139,10 @@ struct StacksService::Impl {
   std::vector<Done> waiters;
   bool keep = false;  // a waiter of the request under way wants the snapshot written
   std::optional<std::vector<int>> asking;  // the request under way asks these ranks only
+  // Node 0 of several: the other nodes' answers to the request under way, by node.
+  bool asking_nodes = false;
+  std::map<int, std::vector<RankStacks>> remote;
+  std::uint64_t remote_deadline = 0;
   // Requests that could not share the one under way (it asks fewer ranks): next.
   struct Queued {
     Done done;
@@ -155,6 +159,8 @@ struct StacksService::Impl {
     std::uint64_t started_ms = 0, end_ms = 0, round_started_ms = 0, interval_ms = 0;
     double started_at = 0;
     std::map<int, long long> ticks;  // pid → CPU ticks at the start
+    // Other nodes' ranks (their answers carry CPU ticks): rank → ticks and time, first and last.
+    std::map<int, std::pair<long long, double>> first_remote, last_remote;
     const void* owner = nullptr;     // the socket's client that asked, if one did
   } sampling;
   uv_timer_t sample_timer{};
@@ -378,17 +384,33 @@ struct StacksService::Impl {
       targets.push_back(std::move(t));
     }
     deadline = uv_now(opt.loop) + static_cast<std::uint64_t>(opt.wait.count());
+    remote.clear();
+    asking_nodes = opt.ask_nodes && opt.nnodes > 1;
+    if (asking_nodes) {
+      remote_deadline = deadline + static_cast<std::uint64_t>(kRemoteSlackMs);
+      opt.ask_nodes(seq, only);
+    }
     uv_timer_start(&timer, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->poll(); }, 0, kPollMs);
   }
 
+  void take_answer(int node, unsigned answer_seq, std::vector<RankStacks> ranks) {
+    if (!busy || !asking_nodes || answer_seq != seq || node <= 0 || node >= opt.nnodes) return;
+    for (auto& r : ranks) r.node = node;
+    remote[node] = std::move(ranks);
+    poll();
+  }
+
   void poll() {
+    if (!busy) return;
     bool all = true;
     for (auto& t : targets) {
       if (t.answer) continue;
       if (auto a = parse_dump(read_small_file(dump_path(t.rank.rank)), seq)) t.answer = std::move(a);
       else all = false;
     }
-    if (!all && uv_now(opt.loop) < deadline) return;
+    const std::uint64_t now = uv_now(opt.loop);
+    if (!all && now < deadline) return;
+    if (asking_nodes && remote.size() + 1 < static_cast<std::size_t>(opt.nnodes) && now < remote_deadline) return;
     uv_timer_stop(&timer);
     StacksSnapshot snap;
     snap.run_id = opt.run_id;
@@ -409,6 +431,7 @@ struct StacksService::Impl {
       r.pid = t.rank.pid;
       snap.ranks.push_back(std::move(r));
     }
+    if (asking_nodes) add_remote(snap);
     if (keep) snap.file = write_snapshot(snap);
     busy = false;
     asking.reset();
@@ -419,6 +442,32 @@ struct StacksService::Impl {
     auto next = std::move(queued);
     queued.clear();
     for (auto& q : next) collect(std::move(q.done), q.keep, q.only ? &*q.only : nullptr);
+  }
+
+  // The other nodes' ranks: as each node answered, or, for a node that did not, each of its
+  // ranks named so.
+  void add_remote(StacksSnapshot& snap) {
+    char wait_text[32];
+    std::snprintf(wait_text, sizeof wait_text, "%g", static_cast<double>(opt.wait.count() + kRemoteSlackMs) / 1000.0);
+    for (int n = 1; n < opt.nnodes; ++n) {
+      if (auto it = remote.find(n); it != remote.end()) {
+        for (auto& r : it->second) snap.ranks.push_back(std::move(r));
+        continue;
+      }
+      for (int i = 0; i < opt.nprocs; ++i) {
+        RankStacks r;
+        r.rank = n * opt.nprocs + i;
+        r.local_rank = i;
+        r.node = n;
+        const bool asked = !asking || std::find(asking->begin(), asking->end(), r.rank) != asking->end();
+        r.status = asked ? "no answer: node " + std::to_string(n) + " did not answer within " + wait_text + " s"
+                         : "not asked";
+        snap.ranks.push_back(std::move(r));
+      }
+    }
+    std::stable_sort(snap.ranks.begin(), snap.ranks.end(), [](const RankStacks& a, const RankStacks& b) { return a.rank < b.rank; });
+    remote.clear();
+    asking_nodes = false;
   }
 
   // ---- sampling ------------------------------------------------------------------------
@@ -447,6 +496,11 @@ struct StacksService::Impl {
   void on_sample_round(const StacksSnapshot& snap) {
     if (!sampling.active) return;
     sampling.sampler.add(snap);
+    for (const auto& r : snap.ranks)
+      if (r.node != opt.node && r.cpu_ticks >= 0) {
+        sampling.first_remote.emplace(r.rank, std::make_pair(r.cpu_ticks, snap.taken_at));
+        sampling.last_remote[r.rank] = {r.cpu_ticks, snap.taken_at};
+      }
     uv_update_time(opt.loop);
     const std::uint64_t now = uv_now(opt.loop);
     if (now >= sampling.end_ms) return finish_sampling();
@@ -468,12 +522,19 @@ struct StacksService::Impl {
     s.interval_ms = static_cast<long>(sampling.interval_ms);
     const double hz = static_cast<double>(::sysconf(_SC_CLK_TCK));
     for (auto& r : s.ranks) {
+      if (r.node != opt.node) {
+        const auto a = sampling.first_remote.find(r.rank), b = sampling.last_remote.find(r.rank);
+        if (a != sampling.first_remote.end() && b != sampling.last_remote.end() && hz > 0 &&
+            b->second.second > a->second.second && b->second.first >= a->second.first)
+          r.cpu_percent = 100.0 * static_cast<double>(b->second.first - a->second.first) / hz /
+                          (b->second.second - a->second.second);
+        continue;
+      }
       const auto it = sampling.ticks.find(r.pid);
       if (it == sampling.ticks.end() || it->second < 0 || s.seconds <= 0 || hz <= 0) continue;
       const long long now_ticks = cpu_ticks(r.pid);
       if (now_ticks >= it->second) r.cpu_percent = 100.0 * static_cast<double>(now_ticks - it->second) / hz / s.seconds;
     }
-    for (auto& r : s.ranks) r.node = opt.node;
     std::string path = stacks_dir + "/sample-" + time_name(s.started_at) + ".txt";
     for (int k = 2; ::access(path.c_str(), F_OK) == 0; ++k)
       path = stacks_dir + "/sample-" + time_name(s.started_at) + "-" + std::to_string(k) + ".txt";
@@ -528,6 +589,9 @@ void StacksService::collect(Done done, bool keep, const std::vector<int>* only) 
 }
 std::string StacksService::sample(std::chrono::milliseconds length, std::chrono::milliseconds interval, SampleDone done) {
   return impl_->sample(length, interval, std::move(done));
+}
+void StacksService::take_answer(int node, unsigned seq, std::vector<RankStacks> ranks) {
+  impl_->take_answer(node, seq, std::move(ranks));
 }
 void StacksService::close() { impl_->close(); }
 

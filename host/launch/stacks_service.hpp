@@ -16,8 +16,12 @@
 //   the socket: <run_dir>/host.sock (0600, in the 0700 run directory; a peer of another uid
 //               is refused by SO_PEERCRED). A client writes one line, "stacks [json]
 //               [all-threads] [sample=MS]\n", and reads the answer, text or JSON, to EOF
-//               ("error: ..." when it cannot be given). Another node's
-//               host can later answer the same request over the node link.
+//               ("error: ..." when it cannot be given).
+//   other nodes: on node 0 of several, every request also goes to the other nodes through the
+//               node link (ask_nodes); each node's host takes its own ranks' stacks as above
+//               and sends them back, and take_answer() adds them to the request under way, so
+//               the answer, the hang watch and a sampling see the whole job. A node that does
+//               not answer within `wait` and kRemoteSlackMs is named for each of its ranks.
 #pragma once
 
 #include <sys/un.h>
@@ -35,6 +39,8 @@
 namespace airhost::detail {
 
 inline constexpr const char* kHostSocketName = "host.sock";
+// How much longer node 0 waits for the other nodes' answers than a node waits for its ranks.
+inline constexpr long kRemoteSlackMs = 2000;
 
 // A unix socket address for `dir`/`name`, also where the path is longer than sun_path holds
 // (a deep run directory): then through /proc/self/fd/N of the directory, opened into
@@ -63,6 +69,11 @@ class StacksService {
     int node = 0;
     std::function<std::vector<Rank>()> ranks;  // this node's ranks, now
     std::chrono::milliseconds wait{3000};      // for the ranks' answers
+    // Node 0 of several: sends a request to every other node (the node link). `only`: the
+    // ranks asked, null for all.
+    std::function<void(unsigned seq, const std::vector<int>* only)> ask_nodes;
+    int nnodes = 1;
+    int nprocs = 1;  // ranks per node: node n has ranks n*nprocs .. n*nprocs+nprocs-1
   };
   using Done = std::function<void(const StacksSnapshot&)>;
 
@@ -84,6 +95,9 @@ class StacksService {
   // loop's thread. Returns "" when it started, or why not (a sampling is under way).
   using SampleDone = std::function<void(const StacksSample&)>;
   std::string sample(std::chrono::milliseconds length, std::chrono::milliseconds interval, SampleDone done);
+  // Node 0: another node's answer to request `seq` (its ranks, as it took them). On the loop's
+  // thread; an answer to a request no longer under way is dropped.
+  void take_answer(int node, unsigned seq, std::vector<RankStacks> ranks);
   // Closes the socket (removing its file), the timer and every client; pending callers get
   // nothing. Call on the loop's thread before it ends.
   void close();

@@ -30,6 +30,7 @@
 #include "launch/log_stream.hpp"
 #include "launch/run_report.hpp"
 #include "launch/hang_watch.hpp"
+#include "launch/link_wire.hpp"
 #include "launch/proc_tree.hpp"
 #include "launch/stacks_service.hpp"
 
@@ -181,6 +182,8 @@ struct Supervisor::Impl {
   std::atomic<int> cancel_signal{0};
   std::atomic<bool> abort_pending{false};
   std::string abort_why;   // guarded by async_mutex until the loop reads it
+  bool abort_timed_out = false, abort_hung = false;  // guarded by async_mutex
+  std::vector<std::function<void()>> posted;      // guarded by async_mutex: work for the loop
   std::mutex async_mutex;  // guards async_ready: cancel() may race the loop's start and end
   bool async_ready = false;
 
@@ -796,7 +799,8 @@ struct Supervisor::Impl {
     if (reason == Outcome::interrupted) cause.interrupt_signal = sig;
     teardown_started_at = now_seconds();
     if (plan.on_teardown) {
-      std::string why = reason == Outcome::timed_out     ? "timed out (--timeout " + std::to_string(spec().timeout.count()) + " s)"
+      std::string why = reason == Outcome::timed_out && !cause.hang.empty() ? "hung: " + cause.hang
+                        : reason == Outcome::timed_out     ? "timed out (--timeout " + std::to_string(spec().timeout.count()) + " s)"
                         : reason == Outcome::interrupted ? "was interrupted by " + signal_name(sig)
                         : reason == Outcome::node_lost   ? "stopped its ranks (" + cause.node_lost_why + ")"
                         : teardown_why.empty()           ? std::string("failed")
@@ -818,13 +822,52 @@ struct Supervisor::Impl {
 
   // From other threads, through `async`: cancel() as an interrupt, abort() as a lost node.
   void on_async() {
+    std::vector<std::function<void()>> work;
+    {
+      std::lock_guard lock(async_mutex);
+      work.swap(posted);
+    }
+    for (auto& w : work) w();
     if (int sig = cancel_signal.exchange(0)) begin_teardown(Outcome::interrupted, sig);
     if (!abort_pending.exchange(false)) return;
+    bool timed_out, hung;
     {
       std::lock_guard lock(async_mutex);
       if (cause.node_lost_why.empty()) cause.node_lost_why = abort_why;
+      timed_out = abort_timed_out, hung = abort_hung;
+    }
+    if (timed_out && !cause.torn_down) {
+      if (hung) cause.hang = hang_seen = cause.node_lost_why;
+      return begin_teardown(Outcome::timed_out, SIGTERM);
     }
     begin_teardown(Outcome::node_lost, SIGTERM);
+  }
+
+  // Work for the loop's thread, from any thread; dropped once the loop has ended.
+  void post(std::function<void()> work) {
+    std::lock_guard lock(async_mutex);
+    posted.push_back(std::move(work));
+    if (async_ready) uv_async_send(&async);
+  }
+
+  // Another node: node 0 asked for this node's ranks' stacks.
+  void answer_stacks_ask(unsigned seq, const std::string& only_text) {
+    if (!stacks || !plan.answer_stacks || phase == Phase::finished) return;
+    std::vector<int> only;
+    for (std::size_t at = 0; at < only_text.size();) {
+      const auto comma = only_text.find(',', at);
+      only.push_back(std::atoi(only_text.substr(at, comma - at).c_str()));
+      at = comma == std::string::npos ? only_text.size() : comma + 1;
+    }
+    stacks->collect([this, seq](const StacksSnapshot& snap) {
+      guarded("answering node 0's request for stacks", [&] {
+        std::vector<RankStacks> ranks = snap.ranks;
+        const auto by_group = group_cpu();
+        for (auto& r : ranks)
+          if (auto it = by_group.find(r.pid); r.pid > 0 && it != by_group.end()) r.cpu_ticks = static_cast<long long>(it->second);
+        plan.answer_stacks(seq, encode_rank_stacks(ranks, kStacksAnswerCap));
+      });
+    }, false, only_text.empty() ? nullptr : &only);
   }
 
   // ---- completion ----------------------------------------------------------------------
@@ -1000,8 +1043,12 @@ struct Supervisor::Impl {
     if (!text.empty()) plan.out->say(text);
   }
 
+  // With several nodes, node 0 alone watches, over every rank of the job (the others answer
+  // its requests through the node link): a node's own ranks all waiting in a collective say
+  // nothing of who holds them up.
   void start_hang_watch() {
     if (spec().hang_timeout.count() <= 0 || !stacks) return;
+    if (spec().nnodes > 1 && spec().node_rank != 0) return;
     hang_watch = std::make_unique<HangWatch>(spec().hang_timeout, ::sysconf(_SC_CLK_TCK));
     const auto every = static_cast<uint64_t>(hang_sample_every(spec().hang_timeout).count());
     uv_timer_start(&hang_timer, [](uv_timer_t* t) {
@@ -1032,13 +1079,17 @@ struct Supervisor::Impl {
       (*cpu)[r->report.rank] = used;
       if (hang_watch->wants_stack(r->report.rank, used, now_seconds())) ask.push_back(r->report.rank);
     }
+    // The other nodes' ranks are always asked: their answers bring their CPU time along.
+    const int world = spec().nnodes * spec().nprocs;
+    for (int rank = 0; rank < world; ++rank)
+      if (rank / spec().nprocs != spec().node_rank) ask.push_back(rank);
     stacks->collect([this, cpu](const StacksSnapshot& snap) {
       guarded("the hang watch", [&] {
         if (phase != Phase::running || !hang_watch) return;
         std::vector<HangSample> samples;
         for (const auto& r : snap.ranks) {
           const auto it = cpu->find(r.rank);
-          const std::uint64_t used = it == cpu->end() ? 0 : it->second;
+          const std::uint64_t used = it != cpu->end() ? it->second : r.cpu_ticks > 0 ? static_cast<std::uint64_t>(r.cpu_ticks) : 0;
           HangSample s = r.status == "not asked" ? hang_watch->carried(r.rank, used) : hang_sample(r);
           s.cpu = used;
           samples.push_back(std::move(s));
@@ -1110,6 +1161,9 @@ struct Supervisor::Impl {
     o.run_id = plan.context.run_id;
     o.run_dir = plan.context.run_dir;
     o.node = spec().node_rank;
+    o.nnodes = spec().nnodes;
+    o.nprocs = spec().nprocs;
+    if (spec().node_rank == 0) o.ask_nodes = plan.ask_stacks;
     o.ranks = [this] {
       std::vector<StacksService::Rank> list;
       for (auto& r : ranks)
@@ -1245,15 +1299,34 @@ Supervisor::Supervisor(Plan plan, std::unique_ptr<RankStarter> starter)
 
 Supervisor::~Supervisor() = default;
 
-void Supervisor::abort(const std::string& why) {
+void Supervisor::abort(const std::string& why, bool timed_out, bool hung) {
   std::lock_guard lock(impl_->async_mutex);
-  if (impl_->abort_why.empty()) impl_->abort_why = why;
+  if (impl_->abort_why.empty()) impl_->abort_why = why, impl_->abort_timed_out = timed_out, impl_->abort_hung = hung;
   impl_->abort_pending.store(true);
   if (impl_->async_ready) uv_async_send(&impl_->async);
   // Otherwise run() has not reached its loop yet and picks it up before it does.
 }
 
 RunReport Supervisor::run() { return impl_->run(); }
+
+void Supervisor::stacks_asked(unsigned seq, const std::string& only) {
+  Impl* self = impl_.get();
+  self->post([self, seq, only] { self->guarded("answering node 0's request for stacks", [&] { self->answer_stacks_ask(seq, only); }); });
+}
+
+void Supervisor::stacks_answered(int node, unsigned seq, const std::string& ranks) {
+  Impl* self = impl_.get();
+  self->post([self, node, seq, ranks] {
+    self->guarded("taking another node's stacks", [&] {
+      if (!self->stacks) return;
+      try {
+        self->stacks->take_answer(node, seq, decode_rank_stacks(ranks));
+      } catch (const FrameError& e) {
+        self->plan.out->log("node " + std::to_string(node) + "'s stacks could not be read: " + e.what());
+      }
+    });
+  });
+}
 
 void Supervisor::cancel(int sig) noexcept {
   impl_->cancel_signal.store(sig ? sig : SIGINT);

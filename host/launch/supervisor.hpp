@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 #include <memory>
+#include <vector>
 
 #include "airhost/callbacks.hpp"
 #include "airhost/report.hpp"
@@ -35,7 +36,8 @@ class Supervisor {
     // Called once, on the loop's thread, when the teardown begins: `why` is a predicate for
     // "node N (host) ...", e.g. "failed: rank 3 exited with code 1 (ValueError: boom)";
     // `cascade` when this node only follows another one's failure (abort(), or a rank that
-    // failed because it lost a peer). The node link tells the other nodes with it.
+    // failed because it lost a peer). The node link tells the other nodes with it. A hang
+    // that ends the run (--on-hang stop) is Outcome::timed_out with `why` "hung: ...".
     std::function<void(Outcome reason, const std::string& why, bool cascade)> on_teardown;
     // Where the host's own output goes (the caller's terminal, the host log); not null.
     HostOutput* out = nullptr;
@@ -43,6 +45,11 @@ class Supervisor {
     // heartbeating for a node whose loop is stuck (node_link.hpp).
     std::function<void()> on_alive;
     std::chrono::milliseconds alive_every{1000};
+    // Several nodes (the node link): node 0 asks the other nodes for their ranks' stacks
+    // (`only`: the ranks asked, null for all), so that `airhost stacks` and the hang watch
+    // there see the whole job; another node sends its answer to node 0. Any thread.
+    std::function<void(unsigned seq, const std::vector<int>* only)> ask_stacks;
+    std::function<void(unsigned seq, const std::string& ranks)> answer_stacks;
   };
 
   Supervisor(Plan plan, std::unique_ptr<RankStarter> starter);
@@ -57,8 +64,16 @@ class Supervisor {
   void cancel(int sig) noexcept;
 
   // Any thread: another node of the run failed or was lost (`why` says which); tear down with
-  // Outcome::node_lost, unless a teardown is already under way.
-  void abort(const std::string& why);
+  // Outcome::node_lost (Outcome::timed_out when that node timed out or hung, `timed_out`),
+  // unless a teardown is already under way.
+  // `hung`: that node's hang watch ended it; this node's run ends as hung too.
+  void abort(const std::string& why, bool timed_out = false, bool hung = false);
+
+  // Any thread, another node than 0: node 0 asks for this node's ranks' stacks (request `seq`;
+  // `only`: ranks, comma-separated, "" for all); the answer goes to plan.answer_stacks.
+  void stacks_asked(unsigned seq, const std::string& only);
+  // Any thread, node 0: node `node`'s answer to request `seq` (encode_rank_stacks).
+  void stacks_answered(int node, unsigned seq, const std::string& ranks);
 
  private:
   struct Impl;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/json_value.hpp"
+#include "launch/frames.hpp"
 #include "launch/stacks.hpp"
 
 using namespace airhost::detail;
@@ -168,4 +169,53 @@ TEST_CASE("ranks group by where their main thread stands, the odd ones out first
     CHECK(v["ranks"][1]["threads"][0]["frames"][0]["function"].str() == "load_batch");
     CHECK(v["ranks"][1]["threads"][2]["idle"].boolean());
   }
+}
+
+TEST_CASE("ranks' stacks travel to node 0 whole, and an answer too large for a link frame is cut where it matters least") {
+  RankStacks a;
+  a.rank = 2, a.local_rank = 0, a.node = 1, a.pid = 4242, a.answered = true, a.cpu_ticks = 1234;
+  ThreadStack main_t;
+  main_t.id = 77, main_t.main = true;
+  main_t.frames = {{"/x/train.py", 41, "load_batch"}, {"/x/train.py", 90, "<module>"}};
+  ThreadStack idle;
+  idle.id = 78;
+  idle.frames = {{"/usr/lib/python3.11/threading.py", 320, "wait"}, {"/x/w.py", 5, "run"}};
+  a.threads = {main_t, idle};
+  RankStacks b;
+  b.rank = 3, b.local_rank = 1, b.node = 1, b.pid = 4243, b.status = "no answer within 3 s";
+  b.proc_state = "D (disk sleep)", b.wchan = "nfs_wait", b.error = "odd \"quoted\"\nline";
+
+  const auto back = decode_rank_stacks(encode_rank_stacks({a, b}, 1 << 20));
+  REQUIRE(back.size() == 2);
+  CHECK(back[0].rank == 2);
+  CHECK(back[0].pid == 4242);
+  CHECK(back[0].answered);
+  CHECK(back[0].cpu_ticks == 1234);
+  REQUIRE(back[0].threads.size() == 2);
+  CHECK(back[0].threads[0].main);
+  CHECK(where_text(back[0].threads[0]) == "/x/train.py:41 in load_batch");
+  CHECK(back[0].threads[1].frames.size() == 2);
+  CHECK_FALSE(back[1].answered);
+  CHECK(back[1].status == "no answer within 3 s");
+  CHECK(back[1].proc_state == "D (disk sleep)");
+  CHECK(back[1].wchan == "nfs_wait");
+  CHECK(back[1].error == "odd \"quoted\"\nline");
+  CHECK(back[1].cpu_ticks == -1);
+
+  // A deep main stack on many threads: past the cap, idle threads lose their frames first,
+  // then each stack keeps its innermost frames, marked truncated; the main thread's place stays.
+  RankStacks deep = a;
+  deep.threads[0].frames.assign(400, StackFrame{"/x/very/long/path/to/a/module/of/the/model.py", 7, "forward"});
+  deep.threads[0].frames[0] = {"/x/train.py", 41, "load_batch"};
+  const std::string whole = encode_rank_stacks({deep}, 1 << 20);
+  const std::string cut = encode_rank_stacks({deep}, whole.size() / 4);
+  CHECK(cut.size() <= whole.size() / 4);
+  const auto small = decode_rank_stacks(cut);
+  REQUIRE(small.size() == 1);
+  CHECK(small[0].threads[0].truncated);
+  CHECK(small[0].threads[0].frames.size() < 400);
+  CHECK(where_text(small[0].threads[0]) == "/x/train.py:41 in load_batch");
+  CHECK(small[0].threads[1].frames.empty());
+
+  CHECK_THROWS_AS(decode_rank_stacks("not fields at all"), FrameError);
 }

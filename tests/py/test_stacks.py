@@ -352,3 +352,75 @@ def test_a_hang_the_watch_finds_asks_the_flight_recorder_for_a_dump_before_the_r
     assert "asked torch's flight recorder of ranks 0-2 for its recent collectives (NCCL): " in run.err, run.describe()
     assert run.out.count("dumped") == 3, run.describe()  # before the ranks were stopped
     assert "rank 1 never entered collective #4 (gloo:all_reduce) that ranks 0,2 entered" in run.err, run.describe()
+
+
+# ---- several nodes: node 0 sees the whole job through the node link ----------------------------
+
+
+def two_nodes(airhost, tmp_path, mode, *flags):
+    """Nodes 0 and 1 on 127.0.0.1, 2 ranks each, in hang.py MODE with rank 3 (node 1's second)
+    the odd one; returns both once all four ranks are in the group."""
+    from conftest import free_port
+    port = free_port()
+    d = tmp_path / "hang"
+    d.mkdir()
+    nodes = [airhost.start(script("hang.py"), "-n", "2", "--nnodes", "2", "--node-rank", str(k), "--master-addr",
+                           "127.0.0.1", "--master-port", str(port), "--join-timeout", "60", *flags, "--", mode, d,
+                           env={"HANG_RANK": "3"}) for k in (0, 1)]
+    wait_for(lambda: all((d / f"ready-{r}").exists() for r in range(4)), 60, "all four ranks in the group")
+    return nodes, d
+
+
+def test_stacks_on_node_0_show_every_rank_of_every_node_the_odd_one_on_node_1_first(airhost, tmp_path):
+    (n0, n1), d = two_nodes(airhost, tmp_path, "loop")
+    env = airhost.env(n0.runs_root)
+
+    def stacks(*args):
+        return subprocess.run([airhost.binary, "stacks", *args], env=env, capture_output=True, text=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+
+    def settled():
+        done = stacks("--json")
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        return data if all("in all_reduce" in r["where"] for r in data["ranks"][:3]) else None
+    data = wait_for(settled, 30, "ranks 0-2 waiting in all_reduce")
+    ranks = data["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3], ranks
+    assert [r["node"] for r in ranks] == [0, 0, 1, 1], ranks
+    assert all(r["status"] == "answered" and r["pid"] > 0 for r in ranks), ranks
+    assert "in load_batch" in ranks[3]["where"], ranks[3]
+    assert data["groups"][0]["ranks"] == [3], data["groups"]
+
+    text = stacks()
+    assert text.returncode == 0, text.stderr
+    lines = text.stdout.splitlines()
+    assert "4 ranks in 2 groups" in lines[0], text.stdout
+    assert lines[1].startswith("rank 3 (node 1, pid ") and "in load_batch" in lines[1], text.stdout
+    assert any(line.startswith("ranks 0-2 (node 0, pids ") and "; node 1, pid " in line and "in all_reduce" in line
+               for line in lines), text.stdout
+
+    # The sampling too: rank 3's time in load_batch, from node 1's answers, with its CPU.
+    sample = stacks("--sample", "2s", "--json")
+    assert sample.returncode == 0, sample.stderr
+    profile = {r["rank"]: r for r in json.loads(sample.stdout)["ranks"]}
+    assert sorted(profile) == [0, 1, 2, 3], profile
+    assert profile[3]["node"] == 1 and profile[3]["functions"][0]["function"] == "load_batch", profile[3]
+    assert profile[3]["cpu_percent"] > 20, profile[3]  # a busy loop, measured on node 1
+
+    (d / "release").touch()
+    r1, r0 = n1.finish(), n0.finish()
+    r0.assert_rc(0)
+    r1.assert_rc(0)
+
+
+def test_node_0_watches_the_whole_job_names_the_stuck_rank_on_node_1_and_every_node_ends_124(airhost, tmp_path):
+    (n0, n1), d = two_nodes(airhost, tmp_path, "wait", "--hang-timeout", "6s", "--on-hang", "stop", "--grace", "2")
+    r0, r1 = n0.finish(timeout=90), n1.finish(timeout=90)
+    r0.assert_rc(124)
+    r1.assert_rc(124)
+    assert "rank 3 is elsewhere" in r0.err and "in wait_for_data" in r0.err, r0.describe()
+    assert "ranks 0-2 wait in all_reduce" in r0.err, r0.describe()
+    assert "no rank has made progress" not in r1.err.split("node 0")[0], r1.describe()  # node 1 does not watch
+    assert r0.run_json["hang"] and r1.run_json["hang"], (r0.run_json, r1.run_json)
+    assert "hung" in r1.run_json["message"] and "node 0" in r1.run_json["message"], r1.run_json

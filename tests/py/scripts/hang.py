@@ -6,7 +6,8 @@
     hang.py wait DIR   rank 1 waits, idle, in wait_for_data() until DIR/release exists (a
                        hang: its stack and its CPU time stand still)
 
-Each rank creates DIR/ready-RANK once the group is up; then both all-reduce and exit 0."""
+The odd rank is rank 1, or the one HANG_RANK names (rank 3 on the second of two nodes).
+Each rank creates DIR/ready-RANK once the group is up; then all all-reduce and exit 0."""
 import ctypes
 import os
 import sys
@@ -43,7 +44,7 @@ def wait_for_data():
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 open(os.path.join(DIR, f"ready-{rank}"), "w").close()
-if rank == 1:
+if rank == int(os.environ.get("HANG_RANK", "1")):
     {"loop": load_batch, "c": stuck_in_c, "wait": wait_for_data}[MODE]()
 t = torch.ones(1)
 dist.all_reduce(t)
