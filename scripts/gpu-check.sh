@@ -33,6 +33,8 @@
 #             node (bench/launch.py --only startup)
 #   hang      an NCCL all-reduce one rank never enters, ended by --timeout: the stacks, NCCL's
 #             flight recorder dumped through airhost's pipe, and the summary naming rank 1
+#   usage     ranks busy on their GPUs for 12 s: metrics/ranks.jsonl gives each rank its own
+#             GPU, with the memory it holds and its utilisation, read by the host from NVML
 #
 # Output: a summary on stdout; every step's full output in $AIRHOST_GPU_CHECK_LOGS (default
 # build/gpu-check/). Exit status: 0 when no step FAILed, 1 otherwise.
@@ -176,7 +178,7 @@ else
 fi
 
 run_dir() { echo "$LOGS/$1-run-$(date +%Y%m%d-%H%M%S)"; }
-all_steps=(torch doctor json api type ddp fsdp deepspeed warm startup hang)
+all_steps=(torch doctor json api type ddp fsdp deepspeed warm startup hang usage)
 if [ ! -x "$AIRHOST" ] || [ ! -x "$PY" ]; then
   for step in "${all_steps[@]}"; do record "$step" SKIP "no airhost build"; done
 elif [ $have_gpu = 0 ] && [ "$REHEARSAL" != 1 ]; then
@@ -403,6 +405,35 @@ EOF
       else
         record hang FAIL "exit $rc, $dumps flight recorder dump(s), no rank named in the summary; see $LOGS/hang.txt and $dir/stacks"
       fi
+    fi
+  fi
+
+  # --- 13. usage: each rank's GPU, its memory and utilisation, sampled by the host --------------------
+  if needs_gpu usage; then
+    t0=$(date +%s)
+    dir=$(run_dir usage)
+    (cd "$ROOT" && timeout 120 "$AIRHOST" scripts/gpu_check/gpu_busy.py --accelerators "$t_count" --run-dir "$dir" -- 12) \
+      >"$LOGS/usage.txt" 2>&1
+    rc=$?
+    # Per rank, its last sample: "rank R: GPU G U% M MiB"; the step passes when every rank has its own GPU
+    # (no two the same), at least the 2 GiB it holds, and a utilisation over 0.
+    verdict=$("$PY" - "$dir/metrics/ranks.jsonl" "$t_count" <<'PY'
+import json, sys
+last = {}
+for line in open(sys.argv[1]):
+    u = json.loads(line)
+    last[u["rank"]] = u
+ok = len(last) == int(sys.argv[2]) and all("gpu" in u for u in last.values())
+ok = ok and len({u["gpu"] for u in last.values()}) == len(last)
+ok = ok and all(u["gpu_memory_bytes"] >= 2 << 30 and (u["gpu_util_percent"] or 0) > 0 for u in last.values())
+print(("ok " if ok else "bad ") + "; ".join(
+    f"rank {r}: GPU {u.get('gpu')} {u.get('gpu_util_percent')}% {u.get('gpu_memory_bytes', 0) >> 20} MiB" for r, u in sorted(last.items())))
+PY
+    ) 2>>"$LOGS/usage.txt"
+    if [ $rc = 0 ] && [ "${verdict%% *}" = ok ]; then
+      record usage PASS "exit 0 in $(( $(date +%s) - t0 )) s; ${verdict#ok }"
+    else
+      record usage FAIL "exit $rc; ${verdict:-no metrics/ranks.jsonl}; see $LOGS/usage.txt and $dir/metrics"
     fi
   fi
 fi

@@ -110,6 +110,10 @@ try:
             if u.get("cpu_percent") is not None:
                 metrics.append(Metric("system/rank_%d/cpu_utilization_percentage" % r, float(u["cpu_percent"]), ts, k))
             metrics.append(Metric("system/rank_%d/memory_rss_megabytes" % r, float(u.get("rss_bytes", 0)) / 2**20, ts, k))
+            if u.get("gpu_util_percent") is not None:
+                metrics.append(Metric("system/rank_%d/gpu_utilization_percentage" % r, float(u["gpu_util_percent"]), ts, k))
+            if u.get("gpu") is not None:
+                metrics.append(Metric("system/rank_%d/gpu_memory_megabytes" % r, float(u.get("gpu_memory_bytes", 0)) / 2**20, ts, k))
     for i in range(0, len(metrics), 1000):
         client.log_batch(run_id, metrics=metrics[i:i + 1000])
 except FileNotFoundError:

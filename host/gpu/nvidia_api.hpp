@@ -58,6 +58,19 @@ constexpr int NVML_TOPOLOGY_MULTIPLE = 20;
 constexpr int NVML_TOPOLOGY_HOSTBRIDGE = 30;
 constexpr int NVML_TOPOLOGY_NODE = 40;
 constexpr int NVML_TOPOLOGY_SYSTEM = 50;
+constexpr nvmlReturn_t NVML_ERROR_INSUFFICIENT_SIZE = 7;
+
+struct nvmlUtilization_t {  // nvmlUtilization_st: percent of the last sample period
+  unsigned gpu;             // ... in which a kernel ran
+  unsigned memory;          // ... in which device memory was read or written
+};
+
+struct nvmlProcessInfo_t {  // nvmlProcessInfo_v2_st, what the _v3 process lists fill
+  unsigned pid;
+  unsigned long long usedGpuMemory;  // bytes
+  unsigned gpuInstanceId;
+  unsigned computeInstanceId;
+};
 
 // --- The CUDA runtime (cuda_runtime_api.h, driver_types.h) --------------------------------
 
@@ -120,7 +133,9 @@ constexpr int CUBLAS_OP_N = 0;  // cublasOperation_t
   X(nvmlDeviceGetP2PStatus, optional, nvmlReturn_t, (nvmlDevice_t, nvmlDevice_t, int, int*))              \
   X(nvmlDeviceGetNvLinkState, optional, nvmlReturn_t, (nvmlDevice_t, unsigned, int*))                     \
   X(nvmlDeviceGetNvLinkRemotePciInfo_v2, optional, nvmlReturn_t, (nvmlDevice_t, unsigned, nvmlPciInfo_t*)) \
-  X(nvmlDeviceGetTopologyCommonAncestor, optional, nvmlReturn_t, (nvmlDevice_t, nvmlDevice_t, int*))
+  X(nvmlDeviceGetTopologyCommonAncestor, optional, nvmlReturn_t, (nvmlDevice_t, nvmlDevice_t, int*))        \
+  X(nvmlDeviceGetUtilizationRates, optional, nvmlReturn_t, (nvmlDevice_t, nvmlUtilization_t*))              \
+  X(nvmlDeviceGetComputeRunningProcesses_v3, optional, nvmlReturn_t, (nvmlDevice_t, unsigned*, nvmlProcessInfo_t*))
 
 #define AIRHOST_CUDART_FUNCTIONS(X)                                                          \
   X(cudaRuntimeGetVersion, required, cudaError_t, (int*))                                    \

@@ -46,12 +46,41 @@ std::vector<RankUsage> UsageMeter::sample(double now, const std::vector<std::pai
   return out;
 }
 
+void add_gpu_usage(RankUsage& u, const std::vector<int>& group_pids, int device, const GpuUsage& gpus) {
+  std::map<unsigned, std::uint64_t> held;  // device → bytes of this rank's processes
+  for (const auto& p : gpus.processes)
+    if (std::find(group_pids.begin(), group_pids.end(), p.pid) != group_pids.end()) held[p.device] += p.memory;
+  const GpuUsage::Device* dev = nullptr;
+  auto find = [&](unsigned index) -> const GpuUsage::Device* {
+    for (const auto& d : gpus.devices)
+      if (d.index == index) return &d;
+    return nullptr;
+  };
+  if (!held.empty()) {
+    const auto most = std::max_element(held.begin(), held.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    dev = find(most->first);
+    u.gpu_memory = most->second;
+  } else if (device >= 0 && (dev = find(static_cast<unsigned>(device)))) {
+    u.gpu_memory = dev->memory_used;
+  }
+  if (!dev) return;
+  u.gpu = static_cast<int>(dev->index);
+  u.gpu_util_percent = dev->util_percent;
+}
+
 std::string usage_json_line(const RankUsage& u) {
-  char buf[200];
+  char buf[320];
   char cpu[32] = "null";
   if (u.cpu_percent >= 0) std::snprintf(cpu, sizeof cpu, "%.1f", u.cpu_percent);
-  std::snprintf(buf, sizeof buf, "{\"t\": %.3f, \"rank\": %d, \"node\": %d, \"cpu_percent\": %s, \"rss_bytes\": %llu}\n", u.t,
-                u.rank, u.node, cpu, static_cast<unsigned long long>(u.rss));
+  char gpu[160] = "";
+  if (u.gpu >= 0) {
+    char util[16] = "null";
+    if (u.gpu_util_percent >= 0) std::snprintf(util, sizeof util, "%d", u.gpu_util_percent);
+    std::snprintf(gpu, sizeof gpu, ", \"gpu\": %d, \"gpu_util_percent\": %s, \"gpu_memory_bytes\": %llu", u.gpu, util,
+                  static_cast<unsigned long long>(u.gpu_memory));
+  }
+  std::snprintf(buf, sizeof buf, "{\"t\": %.3f, \"rank\": %d, \"node\": %d, \"cpu_percent\": %s, \"rss_bytes\": %llu%s}\n", u.t,
+                u.rank, u.node, cpu, static_cast<unsigned long long>(u.rss), gpu);
   return buf;
 }
 
@@ -61,15 +90,21 @@ std::string usage_text(const std::vector<RankUsage>& usage) {
     if (u.cpu_percent >= 0) known.push_back(u);
   if (known.empty()) return "";
   std::sort(known.begin(), known.end(), [](const RankUsage& a, const RankUsage& b) { return a.rank < b.rank; });
-  std::string out = "what each rank used (CPU of one core, memory resident):";
+  const bool gpus = std::any_of(known.begin(), known.end(), [](const RankUsage& u) { return u.gpu >= 0; });
+  std::string out = gpus ? "what each rank used (CPU of one core, memory resident; its GPU, GPU memory):"
+                         : "what each rank used (CPU of one core, memory resident):";
   std::vector<int> idle, busy;
   for (const auto& u : known) {
     char cpu[16];
     std::snprintf(cpu, sizeof cpu, "%.0f%%", u.cpu_percent);
     out += std::string(&u == &known.front() ? " " : "; ") + "rank " + std::to_string(u.rank) + " " + cpu + " " +
            bytes_text(u.rss);
-    if (u.cpu_percent < kIdlePercent) idle.push_back(u.rank);
-    if (u.cpu_percent > kBusyPercent) busy.push_back(u.rank);
+    const int util = u.gpu >= 0 ? u.gpu_util_percent : -1;
+    if (u.gpu >= 0)
+      out += ", GPU " + std::to_string(u.gpu) + " " + (util >= 0 ? std::to_string(util) + "%" : std::string("?%")) + " " +
+             bytes_text(u.gpu_memory);
+    if (u.cpu_percent < kIdlePercent && util < kIdlePercent) idle.push_back(u.rank);
+    if (u.cpu_percent > kBusyPercent || util > kBusyPercent) busy.push_back(u.rank);
   }
   if (!idle.empty() && !busy.empty())
     out += std::string(". ") + (idle.size() == 1 ? "Rank " : "Ranks ") + rank_ranges(idle) + (idle.size() == 1 ? " is" : " are") +

@@ -173,6 +173,7 @@ struct Supervisor::Impl {
   // What each rank uses (rank_usage.hpp): sampled every kUsageEveryMs into metrics/ranks.jsonl.
   UsageMeter usage_meter{::sysconf(_SC_CLK_TCK)};
   std::vector<RankUsage> last_usage;
+  std::unique_ptr<GpuUsageReader> gpu_reader;  // a GPU run's: NVML, read off the loop
   uv_timer_t usage_timer{};
   std::unique_ptr<HangWatch> hang_watch;
   std::string hang_seen;  // the report's first line, once a hang was seen
@@ -1015,6 +1016,10 @@ struct Supervisor::Impl {
   // Every kUsageEveryMs: each live rank's CPU and memory, from /proc, appended to
   // <run_dir>/metrics/ranks.jsonl (a disk that refuses it costs the series, never the run).
   void start_usage() {
+    if (!spec().devices.empty()) {
+      gpu_reader = std::make_unique<GpuUsageReader>();
+      gpu_reader->request();  // NVML opens meanwhile: the first sample has its figures
+    }
     uv_timer_start(&usage_timer, [](uv_timer_t* t) {
       auto* self = static_cast<Impl*>(t->data);
       self->guarded("sampling what the ranks use", [&] { self->sample_usage(); });
@@ -1026,7 +1031,28 @@ struct Supervisor::Impl {
     for (auto& r : ranks)
       if (r->alive() && r->report.pid > 0) alive.push_back({r->report.rank, r->report.pid});
     if (alive.empty()) return;
-    last_usage = usage_meter.sample(now_seconds(), alive, list_processes(), spec().node_rank);
+    const auto procs = list_processes();
+    const double now = now_seconds();
+    last_usage = usage_meter.sample(now, alive, procs, spec().node_rank);
+    if (gpu_reader) {
+      // The reading asked for at the last sample (NVML never runs on the loop); one older than
+      // two samples means NVML is stuck, and its figures are left out rather than shown stale.
+      const auto gpus = gpu_reader->latest();
+      gpu_reader->request();
+      if (gpus && now - gpus->taken_at < 2.5 * kUsageEveryMs / 1000.0) {
+        const auto& devices = spec().devices;
+        for (auto& u : last_usage) {
+          std::vector<int> group;
+          for (const auto& p : procs)
+            if (auto it = std::find_if(alive.begin(), alive.end(), [&](const auto& a) { return a.first == u.rank; });
+                it != alive.end() && p.pgid == it->second)
+              group.push_back(p.pid);
+          const int local = u.rank - spec().node_rank * spec().nprocs;
+          const int device = local >= 0 && static_cast<std::size_t>(local) < devices.size() ? devices[static_cast<std::size_t>(local)] : -1;
+          add_gpu_usage(u, group, device, *gpus);
+        }
+      }
+    }
     std::string lines;
     for (const auto& u : last_usage) lines += usage_json_line(u);
     const std::string dir = plan.context.run_dir + "/metrics";

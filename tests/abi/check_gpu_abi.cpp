@@ -72,6 +72,7 @@ static_assert(std::string_view(AIRHOST_STR(nvmlDeviceGetCount)) == "nvmlDeviceGe
 static_assert(std::string_view(AIRHOST_STR(nvmlDeviceGetHandleByIndex)) == "nvmlDeviceGetHandleByIndex_v2");
 static_assert(std::string_view(AIRHOST_STR(nvmlDeviceGetPciInfo)) == "nvmlDeviceGetPciInfo_v3");
 static_assert(std::string_view(AIRHOST_STR(nvmlDeviceGetNvLinkRemotePciInfo)) == "nvmlDeviceGetNvLinkRemotePciInfo_v2");
+static_assert(std::string_view(AIRHOST_STR(nvmlDeviceGetComputeRunningProcesses)) == "nvmlDeviceGetComputeRunningProcesses_v3");
 
 AIRHOST_NCCL_FUNCTIONS(CHECK_ENTRY)
 AIRHOST_CUBLAS_FUNCTIONS(CHECK_ENTRY)
@@ -117,6 +118,15 @@ CHECK_FIELD(ours::nvmlPciInfo_t, ::nvmlPciInfo_t, device);
 CHECK_FIELD(ours::nvmlPciInfo_t, ::nvmlPciInfo_t, pciDeviceId);
 CHECK_FIELD(ours::nvmlPciInfo_t, ::nvmlPciInfo_t, pciSubSystemId);
 CHECK_FIELD(ours::nvmlPciInfo_t, ::nvmlPciInfo_t, busId);
+static_assert(ours::NVML_ERROR_INSUFFICIENT_SIZE == ::NVML_ERROR_INSUFFICIENT_SIZE);
+static_assert(sizeof(ours::nvmlUtilization_t) == sizeof(::nvmlUtilization_t));
+CHECK_FIELD(ours::nvmlUtilization_t, ::nvmlUtilization_t, gpu);
+CHECK_FIELD(ours::nvmlUtilization_t, ::nvmlUtilization_t, memory);
+static_assert(sizeof(ours::nvmlProcessInfo_t) == sizeof(::nvmlProcessInfo_t));
+CHECK_FIELD(ours::nvmlProcessInfo_t, ::nvmlProcessInfo_t, pid);
+CHECK_FIELD(ours::nvmlProcessInfo_t, ::nvmlProcessInfo_t, usedGpuMemory);
+CHECK_FIELD(ours::nvmlProcessInfo_t, ::nvmlProcessInfo_t, gpuInstanceId);
+CHECK_FIELD(ours::nvmlProcessInfo_t, ::nvmlProcessInfo_t, computeInstanceId);
 
 static_assert(ours::cudaSuccess == ::cudaSuccess);
 static_assert(ours::cudaMemcpyHostToDevice == ::cudaMemcpyHostToDevice);

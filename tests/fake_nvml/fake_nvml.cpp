@@ -19,6 +19,12 @@
 //       active links as the largest NV<n> of its row, all reporting the switch's address.
 //   AIRHOST_FAKE_NVML_CUDA_VERSION=12040
 //       What nvmlSystemGetCudaDriverVersion_v2 reports (default 12040, i.e. CUDA 12.4).
+//   AIRHOST_FAKE_NVML_USAGE=<file>
+//       What each fake GPU is doing, read again at every call that asks (so a test, or a
+//       rank pretending to use its GPU, can change it while a host keeps NVML open): lines
+//       "util GPU PERCENT" (nvmlDeviceGetUtilizationRates; default 0) and "proc GPU PID BYTES"
+//       (a process on that GPU, nvmlDeviceGetComputeRunningProcesses_v3). No file: idle GPUs
+//       with no process.
 //   PCI bus IDs are "00000000:<index + 1 in hex>:00.0" (the fake CUDA runtime agrees).
 //
 // Only the NVML calls airhost makes are here, with NVML's C signatures and return codes.
@@ -267,13 +273,17 @@ FAKE_NVML_API int nvmlDeviceGetUUID(void* device, char* uuid, unsigned length) {
   return gpu ? copy_out(gpu->uuid, uuid, length) : NVML_ERROR_INVALID_ARGUMENT;
 }
 
+namespace {
+unsigned long long used_bytes(unsigned gpu);  // what AIRHOST_FAKE_NVML_USAGE's processes hold on it
+}
+
 FAKE_NVML_API int nvmlDeviceGetMemoryInfo(void* device, nvmlMemory_t* memory) {
   if (g_init_refs == 0) return NVML_ERROR_UNINITIALIZED;
   FakeGpu* gpu = gpu_of(device);
   if (!gpu || !memory) return NVML_ERROR_INVALID_ARGUMENT;
   memory->total = gpu->mib * 1024ULL * 1024ULL;
-  memory->free = memory->total;
-  memory->used = 0;
+  memory->used = used_bytes(static_cast<unsigned>(gpu - g_gpus));
+  memory->free = memory->total > memory->used ? memory->total - memory->used : 0;
   return NVML_SUCCESS;
 }
 
@@ -354,6 +364,75 @@ FAKE_NVML_API int nvmlDeviceGetNvLinkRemotePciInfo_v2(void* device, unsigned lin
     fake_bus_id(static_cast<unsigned>(peer), pci->busId, sizeof pci->busId);
   }
   return NVML_SUCCESS;
+}
+
+namespace {
+
+struct nvmlUtilization_t {
+  unsigned gpu;
+  unsigned memory;
+};
+struct nvmlProcessInfo_t {
+  unsigned pid;
+  unsigned long long usedGpuMemory;
+  unsigned gpuInstanceId;
+  unsigned computeInstanceId;
+};
+
+// Calls `line(kind, gpu, a, b)` for each line of AIRHOST_FAKE_NVML_USAGE.
+template <typename F>
+void read_usage(F line) {
+  const char* path = std::getenv("AIRHOST_FAKE_NVML_USAGE");
+  if (!path || !*path) return;
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return;
+  char kind[8];
+  unsigned gpu;
+  unsigned long long a, b;
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, f)) {
+    const int n = std::sscanf(buf, "%7s %u %llu %llu", kind, &gpu, &a, &b);
+    if (n >= 3) line(kind, gpu, a, n == 4 ? b : 0ULL);
+  }
+  std::fclose(f);
+}
+
+unsigned long long used_bytes(unsigned gpu) {
+  unsigned long long sum = 0;
+  read_usage([&](const char* kind, unsigned g, unsigned long long, unsigned long long bytes) {
+    if (std::strcmp(kind, "proc") == 0 && g == gpu) sum += bytes;
+  });
+  return sum;
+}
+
+}  // namespace
+
+FAKE_NVML_API int nvmlDeviceGetUtilizationRates(void* device, nvmlUtilization_t* util) {
+  if (g_init_refs == 0) return NVML_ERROR_UNINITIALIZED;
+  FakeGpu* gpu = gpu_of(device);
+  if (!gpu || !util) return NVML_ERROR_INVALID_ARGUMENT;
+  const unsigned index = static_cast<unsigned>(gpu - g_gpus);
+  util->gpu = util->memory = 0;
+  read_usage([&](const char* kind, unsigned g, unsigned long long a, unsigned long long) {
+    if (std::strcmp(kind, "util") == 0 && g == index) util->gpu = util->memory = static_cast<unsigned>(a);
+  });
+  return NVML_SUCCESS;
+}
+
+FAKE_NVML_API int nvmlDeviceGetComputeRunningProcesses_v3(void* device, unsigned* count, nvmlProcessInfo_t* infos) {
+  if (g_init_refs == 0) return NVML_ERROR_UNINITIALIZED;
+  FakeGpu* gpu = gpu_of(device);
+  if (!gpu || !count) return NVML_ERROR_INVALID_ARGUMENT;
+  const unsigned index = static_cast<unsigned>(gpu - g_gpus);
+  unsigned found = 0;
+  const unsigned room = infos ? *count : 0;
+  read_usage([&](const char* kind, unsigned g, unsigned long long pid, unsigned long long bytes) {
+    if (std::strcmp(kind, "proc") != 0 || g != index) return;
+    if (found < room) infos[found] = {static_cast<unsigned>(pid), bytes, 0xFFFFFFFFu, 0xFFFFFFFFu};
+    ++found;
+  });
+  *count = found;
+  return found > room ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
 }
 
 FAKE_NVML_API const char* nvmlErrorString(int result) {

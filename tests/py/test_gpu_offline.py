@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_PY = Path(sys.executable)
-GPU_STEPS = ("torch", "doctor", "json", "type", "fsdp", "deepspeed", "startup", "hang")
+GPU_STEPS = ("torch", "doctor", "json", "type", "fsdp", "deepspeed", "startup", "hang", "usage")
 
 
 def summary_rows(output: str) -> dict[str, tuple[str, str]]:

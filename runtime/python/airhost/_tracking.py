@@ -214,6 +214,11 @@ class Tracking:
                     if u.get("cpu_percent") is not None:
                         metrics.append(Metric(f"system/rank_{r}/cpu_utilization_percentage", float(u["cpu_percent"]), ts, k))
                     metrics.append(Metric(f"system/rank_{r}/memory_rss_megabytes", float(u.get("rss_bytes", 0)) / 2**20, ts, k))
+                    if u.get("gpu_util_percent") is not None:
+                        metrics.append(Metric(f"system/rank_{r}/gpu_utilization_percentage", float(u["gpu_util_percent"]), ts, k))
+                    if u.get("gpu") is not None:
+                        gpu_mb = float(u.get("gpu_memory_bytes", 0)) / 2**20
+                        metrics.append(Metric(f"system/rank_{r}/gpu_memory_megabytes", gpu_mb, ts, k))
             for i in range(0, len(metrics), 1000):
                 self._client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
         except Exception as e:
