@@ -279,20 +279,7 @@ std::string rank_ranges(std::vector<int> ranks) {
 }
 
 std::vector<std::vector<std::size_t>> group_ranks(const std::vector<RankStacks>& ranks) {
-  std::map<std::string, std::vector<std::size_t>> by_key;
-  for (std::size_t i = 0; i < ranks.size(); ++i) by_key[group_key(ranks[i])].push_back(i);
-  std::vector<std::vector<std::size_t>> groups;
-  for (auto& [key, members] : by_key) {
-    std::sort(members.begin(), members.end(), [&](auto a, auto b) { return ranks[a].rank < ranks[b].rank; });
-    groups.push_back(std::move(members));
-  }
-  std::sort(groups.begin(), groups.end(), [&](const auto& a, const auto& b) {
-    if (a.size() != b.size()) return a.size() < b.size();
-    const bool wa = waits_in_collective(ranks[a.front()]), wb = waits_in_collective(ranks[b.front()]);
-    if (wa != wb) return wb;
-    return ranks[a.front()].rank < ranks[b.front()].rank;
-  });
-  return groups;
+  return odd_ones_first(ranks, group_key, waits_in_collective);
 }
 
 std::string render_text(const StacksSnapshot& s, bool all_threads) {

@@ -20,6 +20,8 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -87,6 +89,28 @@ const ThreadStack* main_thread(const RankStacks& r);
 
 // Ranks as compact ranges: {0, 2, 3, 4, 7} → "0,2-4,7".
 std::string rank_ranges(std::vector<int> ranks);
+
+// Items (ranks' stacks, ranks' profiles: anything with a `rank`) in groups of equal key(item):
+// the smallest groups first (the odd ones out); among groups of one size, those whose first item
+// waits(item) (in torch.distributed: they wait for the others) last; then by lowest rank. Each
+// group: indexes into `items`, by rank.
+template <typename T, typename Key, typename Waits>
+std::vector<std::vector<std::size_t>> odd_ones_first(const std::vector<T>& items, Key key, Waits waits) {
+  std::map<std::string, std::vector<std::size_t>> by_key;
+  for (std::size_t i = 0; i < items.size(); ++i) by_key[key(items[i])].push_back(i);
+  std::vector<std::vector<std::size_t>> groups;
+  for (auto& [k, members] : by_key) {
+    std::sort(members.begin(), members.end(), [&](auto a, auto b) { return items[a].rank < items[b].rank; });
+    groups.push_back(std::move(members));
+  }
+  std::sort(groups.begin(), groups.end(), [&](const auto& a, const auto& b) {
+    if (a.size() != b.size()) return a.size() < b.size();
+    const bool wa = waits(items[a.front()]), wb = waits(items[b.front()]);
+    if (wa != wb) return wb;
+    return items[a.front()].rank < items[b.front()].rank;
+  });
+  return groups;
+}
 
 // Ranks whose main threads stand in the same place (every frame, file, line and function)
 // are one group; ranks that gave no answer group by their /proc state. Smallest groups first

@@ -126,20 +126,7 @@ StacksSample StacksSampler::result() const {
 }
 
 std::vector<std::vector<std::size_t>> group_profiles(const std::vector<RankProfile>& ranks) {
-  std::map<std::string, std::vector<std::size_t>> by_key;
-  for (std::size_t i = 0; i < ranks.size(); ++i) by_key[group_key(ranks[i])].push_back(i);
-  std::vector<std::vector<std::size_t>> groups;
-  for (auto& [key, members] : by_key) {
-    std::sort(members.begin(), members.end(), [&](auto a, auto b) { return ranks[a].rank < ranks[b].rank; });
-    groups.push_back(std::move(members));
-  }
-  std::sort(groups.begin(), groups.end(), [&](const auto& a, const auto& b) {
-    if (a.size() != b.size()) return a.size() < b.size();
-    const bool wa = in_torch_distributed(ranks[a.front()]), wb = in_torch_distributed(ranks[b.front()]);
-    if (wa != wb) return wb;
-    return ranks[a.front()].rank < ranks[b.front()].rank;
-  });
-  return groups;
+  return odd_ones_first(ranks, group_key, in_torch_distributed);
 }
 
 std::string percent_text(std::size_t part, std::size_t whole) {
