@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/util.hpp"
+#include "cli/usage_metrics_py.hpp"  // generated from runtime/python/airhost/_usage_metrics.py
 
 extern char** environ;
 
@@ -92,32 +93,9 @@ except Exception as e:
     sys.exit(1)
 # What each rank used, sampled by the host (launch/rank_usage.hpp): system metrics per rank,
 # after the status, so that the host's bounded wait for this helper never costs the status.
+# log_rank_usage comes before this text (kUsageMetricsSource).
 try:
-    import json
-    from mlflow.entities import Metric
-    by_rank = {}
-    with open(os.path.join(os.path.dirname(path), "metrics", "ranks.jsonl")) as f:
-        for line in f:
-            try:
-                u = json.loads(line)
-                by_rank.setdefault(int(u["rank"]), []).append((int(float(u["t"]) * 1000), u))
-            except (ValueError, KeyError, TypeError):
-                continue  # a line cut short by a full disk
-    metrics = []
-    for r, series in by_rank.items():
-        stride = max(1, -(-len(series) // 2000))  # at most 2000 points a series: a 3-day run stays quick
-        for k, (ts, u) in enumerate(series[::stride]):
-            if u.get("cpu_percent") is not None:
-                metrics.append(Metric("system/rank_%d/cpu_utilization_percentage" % r, float(u["cpu_percent"]), ts, k))
-            metrics.append(Metric("system/rank_%d/memory_rss_megabytes" % r, float(u.get("rss_bytes", 0)) / 2**20, ts, k))
-            if u.get("gpu_util_percent") is not None:
-                metrics.append(Metric("system/rank_%d/gpu_utilization_percentage" % r, float(u["gpu_util_percent"]), ts, k))
-            if u.get("gpu") is not None:
-                metrics.append(Metric("system/rank_%d/gpu_memory_megabytes" % r, float(u.get("gpu_memory_bytes", 0)) / 2**20, ts, k))
-    for i in range(0, len(metrics), 1000):
-        client.log_batch(run_id, metrics=metrics[i:i + 1000])
-except FileNotFoundError:
-    pass
+    log_rank_usage(client, run_id, os.path.join(os.path.dirname(path), "metrics", "ranks.jsonl"))
 except Exception as e:
     print("airhost: could not log the ranks' CPU and memory to MLflow run %s: %s" % (run_id, e), file=sys.stderr, flush=True)
 )PY";
@@ -144,7 +122,8 @@ TrackingRun TrackingRun::start(const std::string& python, const std::string& run
   const std::string py = python.empty() ? "python3" : python;
   const std::string count = std::to_string(nprocs);
   const std::string defer = std::to_string(kDeferSeconds);
-  std::vector<const char*> argv = {py.c_str(), "-c",           kHelper,       env_file.c_str(),
+  const std::string helper = std::string(kUsageMetricsSource) + kHelper;
+  std::vector<const char*> argv = {py.c_str(), "-c",           helper.c_str(), env_file.c_str(),
                                    run_name.c_str(), count.c_str(), defer.c_str(), nullptr};
   pid_t pid = -1;
   const int rc = ::posix_spawnp(&pid, py.c_str(), &actions, nullptr, const_cast<char* const*>(argv.data()), environ);

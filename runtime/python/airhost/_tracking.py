@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Dict, Optional
 
+from ._usage_metrics import log_rank_usage
+
 DEFAULT_EXPERIMENT = "airhost"
 DEFER_SECONDS = 15.0  # past the ranks' start-up
 
@@ -191,36 +193,7 @@ class Tracking:
         (cli/tracking.cpp), at most 2000 points a series. A call under 5 s has none."""
         path = os.path.join(getattr(self, "_run_dir", "") or "", "metrics", "ranks.jsonl")
         try:
-            with open(path) as f:
-                lines = f.readlines()
-        except OSError:
-            return
-        try:
-            import json
-
-            from mlflow.entities import Metric
-
-            by_rank: Dict[int, list] = {}
-            for line in lines:
-                try:
-                    u = json.loads(line)
-                    by_rank.setdefault(int(u["rank"]), []).append((int(float(u["t"]) * 1000), u))
-                except (ValueError, KeyError, TypeError):
-                    continue  # a line cut short by a full disk
-            metrics = []
-            for r, series in by_rank.items():
-                stride = max(1, -(-len(series) // 2000))
-                for k, (ts, u) in enumerate(series[::stride]):
-                    if u.get("cpu_percent") is not None:
-                        metrics.append(Metric(f"system/rank_{r}/cpu_utilization_percentage", float(u["cpu_percent"]), ts, k))
-                    metrics.append(Metric(f"system/rank_{r}/memory_rss_megabytes", float(u.get("rss_bytes", 0)) / 2**20, ts, k))
-                    if u.get("gpu_util_percent") is not None:
-                        metrics.append(Metric(f"system/rank_{r}/gpu_utilization_percentage", float(u["gpu_util_percent"]), ts, k))
-                    if u.get("gpu") is not None:
-                        gpu_mb = float(u.get("gpu_memory_bytes", 0)) / 2**20
-                        metrics.append(Metric(f"system/rank_{r}/gpu_memory_megabytes", gpu_mb, ts, k))
-            for i in range(0, len(metrics), 1000):
-                self._client.log_batch(self.run_id, metrics=metrics[i:i + 1000])
+            log_rank_usage(self._client, self.run_id, path)
         except Exception as e:
             print(f"airhost: could not log the ranks' CPU and memory to MLflow run {self.run_id}: {e}", file=self._out)
 
