@@ -24,6 +24,8 @@ std::string executable_path();            // /proc/self/exe
 std::string dirname_of(const std::string& path);
 bool is_executable(const std::string& path);
 std::string json_escape(std::string_view s);  // contents of a JSON string, without quotes
+// The pieces of `s` between each `sep`, empty ones kept: "a,,b" → {"a", "", "b"}; "" → {""}.
+std::vector<std::string> split(std::string_view s, char sep);
 std::string bytes_text(double bytes);         // "8 B", "16 MiB", "1.5 GiB"
 // 'text' for /bin/sh, single quotes inside escaped: safe for any path or program text.
 std::string shell_quote(const std::string& text);

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "base/errors.hpp"
+#include "base/util.hpp"
 #include "gpu/nvml.hpp"
 
 namespace airhost::detail {
@@ -27,17 +28,6 @@ std::string trim(std::string_view s) {
   while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
   while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
   return std::string(s);
-}
-
-std::vector<std::string> split(std::string_view s, char sep) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (true) {
-    size_t end = s.find(sep, start);
-    out.emplace_back(s.substr(start, end == std::string_view::npos ? s.npos : end - start));
-    if (end == std::string_view::npos) return out;
-    start = end + 1;
-  }
 }
 
 // Like strtoul as CUDA applies it to an entry: an optional sign then digits, anything after

@@ -855,11 +855,7 @@ struct Supervisor::Impl {
   void answer_stacks_ask(unsigned seq, const std::string& only_text) {
     if (!stacks || !plan.answer_stacks || phase == Phase::finished) return;
     std::vector<int> only;
-    for (std::size_t at = 0; at < only_text.size();) {
-      const auto comma = only_text.find(',', at);
-      only.push_back(std::atoi(only_text.substr(at, comma - at).c_str()));
-      at = comma == std::string::npos ? only_text.size() : comma + 1;
-    }
+    for (const auto& rank : split(only_text, ',')) only.push_back(std::atoi(rank.c_str()));
     stacks->collect([this, seq](const StacksSnapshot& snap) {
       guarded("answering node 0's request for stacks", [&] {
         std::vector<RankStacks> ranks = snap.ranks;
@@ -1041,15 +1037,13 @@ struct Supervisor::Impl {
       gpu_reader->request();
       if (gpus && now - gpus->taken_at < 2.5 * kUsageEveryMs / 1000.0) {
         const auto& devices = spec().devices;
+        std::map<int, std::vector<int>> members;  // process group (a rank's pid) → its pids
+        for (const auto& p : procs) members[p.pgid].push_back(p.pid);
+        std::map<int, int> pid_of(alive.begin(), alive.end());  // rank → pid
         for (auto& u : last_usage) {
-          std::vector<int> group;
-          for (const auto& p : procs)
-            if (auto it = std::find_if(alive.begin(), alive.end(), [&](const auto& a) { return a.first == u.rank; });
-                it != alive.end() && p.pgid == it->second)
-              group.push_back(p.pid);
           const int local = u.rank - spec().node_rank * spec().nprocs;
           const int device = local >= 0 && static_cast<std::size_t>(local) < devices.size() ? devices[static_cast<std::size_t>(local)] : -1;
-          add_gpu_usage(u, group, device, *gpus);
+          add_gpu_usage(u, members[pid_of[u.rank]], device, *gpus);
         }
       }
     }
