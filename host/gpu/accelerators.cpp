@@ -91,38 +91,13 @@ std::vector<GpuInfo> apply_cuda_visible_devices(const std::vector<GpuInfo>& all,
 AcceleratorInventory detect(const char* library, bool library_from_env) {
   AcceleratorInventory inv;
   Nvml nvml;
-  nvml.lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
-  if (!nvml.lib) {
-    const char* why = dlerror();
-    std::string reason = why ? why : "unknown dlopen error";
-    if (library_from_env) {
-      inv.nvml_error = "AIRHOST_NVML_LIBRARY=" + std::string(library) +
-                       " could not be loaded: " + reason;
-    } else if (reason.find("No such file") != std::string::npos ||
-               reason.find("cannot open shared object") != std::string::npos) {
-      inv.nvml_error = std::string(library) + " not found: no NVIDIA driver on this node";
-    } else {
-      inv.nvml_error = std::string(library) + " could not be loaded: " + reason;
-    }
+  if (std::string why = nvml.open(library, library_from_env); !why.empty()) {
+    inv.nvml_error = why;
     return inv;
   }
-
-  if (const char* missing = resolve(nvml.lib, nvml)) {
-    inv.nvml_error = std::string(library) + " lacks " + missing +
-                     ": the NVIDIA driver is too old or the library is not NVML";
-    return inv;
-  }
-
-  nvmlReturn_t rc = nvml.nvmlInit_v2();
-  if (rc != NVML_SUCCESS) {
-    inv.nvml_error = "NVML did not start: " + nvml.describe(rc) +
-                     "; the NVIDIA driver may not be loaded on this node";
-    return inv;
-  }
-  nvml.initialized = true;
 
   unsigned count = 0;
-  rc = nvml.nvmlDeviceGetCount_v2(&count);
+  nvmlReturn_t rc = nvml.nvmlDeviceGetCount_v2(&count);
   if (rc != NVML_SUCCESS) {
     inv.nvml_error = "NVML could not count the GPUs: " + nvml.describe(rc);
     return inv;

@@ -2,7 +2,6 @@
 // thread of the reader's own.
 #include "airhost/gpu_usage.hpp"
 
-#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -27,18 +26,6 @@ struct GpuUsageReader::State {
 };
 
 namespace {
-
-// Opens NVML into `nvml`; "" when it can be used, else why not.
-std::string open_nvml(detail::Nvml& nvml) {
-  const char* library = detail::nvml_library();
-  nvml.lib = ::dlopen(library, RTLD_NOW | RTLD_LOCAL);
-  if (!nvml.lib) return std::string(library) + " could not be loaded";
-  if (const char* missing = detail::nvidia::resolve(nvml.lib, nvml)) return std::string(library) + " lacks " + missing;
-  const nvmlReturn_t rc = nvml.nvmlInit_v2();
-  if (rc != NVML_SUCCESS) return "NVML did not start: " + nvml.describe(rc);
-  nvml.initialized = true;
-  return "";
-}
 
 GpuUsage read_usage(detail::Nvml& nvml) {
   GpuUsage u;
@@ -87,7 +74,9 @@ void reading_thread(std::shared_ptr<GpuUsageReader::State> s) {
     std::optional<GpuUsage> reading;
     if (!opened) {
       opened = true;
-      why = open_nvml(nvml);
+      bool from_env = false;
+      const char* library = detail::nvml_library(&from_env);
+      why = nvml.open(library, from_env);
       usable = why.empty();
     }
     if (usable) reading = read_usage(nvml);

@@ -36,6 +36,27 @@ struct Nvml : nvidia::NvmlApi {
     if (lib) dlclose(lib);
   }
 
+  // Loads `library`, finds every required entry point and starts NVML. "" when it can be used,
+  // else why not, in a sentence (`from_env`: the library was named by AIRHOST_NVML_LIBRARY).
+  std::string open(const char* library, bool from_env) {
+    lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+      const char* why = dlerror();
+      const std::string reason = why ? why : "unknown dlopen error";
+      if (from_env) return "AIRHOST_NVML_LIBRARY=" + std::string(library) + " could not be loaded: " + reason;
+      if (reason.find("No such file") != std::string::npos || reason.find("cannot open shared object") != std::string::npos)
+        return std::string(library) + " not found: no NVIDIA driver on this node";
+      return std::string(library) + " could not be loaded: " + reason;
+    }
+    if (const char* missing = nvidia::resolve(lib, *this))
+      return std::string(library) + " lacks " + missing + ": the NVIDIA driver is too old or the library is not NVML";
+    const nvidia::nvmlReturn_t rc = nvmlInit_v2();
+    if (rc != nvidia::NVML_SUCCESS)
+      return "NVML did not start: " + describe(rc) + "; the NVIDIA driver may not be loaded on this node";
+    initialized = true;
+    return "";
+  }
+
   std::string describe(nvidia::nvmlReturn_t rc) const {
     const char* text = nvmlErrorString ? nvmlErrorString(rc) : nullptr;
     std::string out = text && *text ? text : "unknown error";
