@@ -510,8 +510,8 @@ RunReport Launcher::run() {
     plan.context = {spec.run_id, spec.run_dir, master_port, static_cast<int>(::getpid()), 3, spec.restart_offset + attempt};
     plan.out = &out;
     if (link) {
-      plan.on_teardown = [&link](Outcome reason, const std::string& why, bool cascade) {
-        link->tell_down(why, cascade, reason == Outcome::timed_out, reason == Outcome::timed_out && why.rfind("hung: ", 0) == 0);
+      plan.on_teardown = [&link](Outcome reason, const std::string& why, bool cascade, bool hung) {
+        link->tell_down(why, cascade, reason == Outcome::timed_out, hung);
       };
       plan.ask_stacks = [&link](unsigned seq, const std::vector<int>* only) {
         std::string text;

@@ -140,7 +140,6 @@ struct StacksService::Impl {
   bool keep = false;  // a waiter of the request under way wants the snapshot written
   std::optional<std::vector<int>> asking;  // the request under way asks these ranks only
   // Node 0 of several: the other nodes' answers to the request under way, by node.
-  bool asking_nodes = false;
   std::map<int, std::vector<RankStacks>> remote;
   std::uint64_t remote_deadline = 0;
   // Requests that could not share the one under way (it asks fewer ranks): next.
@@ -385,16 +384,18 @@ struct StacksService::Impl {
     }
     deadline = uv_now(opt.loop) + static_cast<std::uint64_t>(opt.wait.count());
     remote.clear();
-    asking_nodes = opt.ask_nodes && opt.nnodes > 1;
-    if (asking_nodes) {
+    if (asks_nodes()) {
       remote_deadline = deadline + static_cast<std::uint64_t>(kRemoteSlackMs);
       opt.ask_nodes(seq, only);
     }
     uv_timer_start(&timer, [](uv_timer_t* t) { static_cast<Impl*>(t->data)->poll(); }, 0, kPollMs);
   }
 
+  // Node 0 of several: every request also asks the other nodes.
+  bool asks_nodes() const { return opt.ask_nodes && opt.nnodes > 1; }
+
   void take_answer(int node, unsigned answer_seq, std::vector<RankStacks> ranks) {
-    if (!busy || !asking_nodes || answer_seq != seq || node <= 0 || node >= opt.nnodes) return;
+    if (!busy || !asks_nodes() || answer_seq != seq || node <= 0 || node >= opt.nnodes) return;
     for (auto& r : ranks) r.node = node;
     remote[node] = std::move(ranks);
     poll();
@@ -410,7 +411,7 @@ struct StacksService::Impl {
     }
     const std::uint64_t now = uv_now(opt.loop);
     if (!all && now < deadline) return;
-    if (asking_nodes && remote.size() + 1 < static_cast<std::size_t>(opt.nnodes) && now < remote_deadline) return;
+    if (asks_nodes() && remote.size() + 1 < static_cast<std::size_t>(opt.nnodes) && now < remote_deadline) return;
     uv_timer_stop(&timer);
     StacksSnapshot snap;
     snap.run_id = opt.run_id;
@@ -431,7 +432,7 @@ struct StacksService::Impl {
       r.pid = t.rank.pid;
       snap.ranks.push_back(std::move(r));
     }
-    if (asking_nodes) add_remote(snap);
+    if (asks_nodes()) add_remote(snap);
     if (keep) snap.file = write_snapshot(snap);
     busy = false;
     asking.reset();
@@ -467,7 +468,6 @@ struct StacksService::Impl {
     }
     std::stable_sort(snap.ranks.begin(), snap.ranks.end(), [](const RankStacks& a, const RankStacks& b) { return a.rank < b.rank; });
     remote.clear();
-    asking_nodes = false;
   }
 
   // ---- sampling ------------------------------------------------------------------------

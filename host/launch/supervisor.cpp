@@ -806,7 +806,8 @@ struct Supervisor::Impl {
                         : reason == Outcome::node_lost   ? "stopped its ranks (" + cause.node_lost_why + ")"
                         : teardown_why.empty()           ? std::string("failed")
                                                          : teardown_why;
-      plan.on_teardown(reason, why, reason == Outcome::node_lost || (reason == Outcome::failed && teardown_cascade));
+      plan.on_teardown(reason, why, reason == Outcome::node_lost || (reason == Outcome::failed && teardown_cascade),
+                       reason == Outcome::timed_out && !cause.hang.empty());
     }
     if (stop) stop_ranks(sig);
   }

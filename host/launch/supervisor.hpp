@@ -36,9 +36,9 @@ class Supervisor {
     // Called once, on the loop's thread, when the teardown begins: `why` is a predicate for
     // "node N (host) ...", e.g. "failed: rank 3 exited with code 1 (ValueError: boom)";
     // `cascade` when this node only follows another one's failure (abort(), or a rank that
-    // failed because it lost a peer). The node link tells the other nodes with it. A hang
-    // that ends the run (--on-hang stop) is Outcome::timed_out with `why` "hung: ...".
-    std::function<void(Outcome reason, const std::string& why, bool cascade)> on_teardown;
+    // failed because it lost a peer). The node link tells the other nodes with it. `hung`: a
+    // hang ended the run (--on-hang stop; Outcome::timed_out, `why` "hung: ...").
+    std::function<void(Outcome reason, const std::string& why, bool cascade, bool hung)> on_teardown;
     // Where the host's own output goes (the caller's terminal, the host log); not null.
     HostOutput* out = nullptr;
     // Called on the loop's thread every `alive_every` while the loop turns: the node link stops
