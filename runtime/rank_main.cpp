@@ -7,11 +7,16 @@
 //
 // The host passes the control channel as fd 3 (AIRHOST_CONTROL_FD) and its pid as
 // AIRHOST_HOST_PID. Not meant to be started by hand.
-#include <fcntl.h>
+//
+// This executable links no libpython, so that one wheel runs over whichever Python it was
+// installed into: it loads that Python's libpython (runtime/libpython.cpp), then the Python
+// half of the rank, libairhost-rank-py.so (runtime/rank_entry.cpp). The guard needs neither.
+#include <dlfcn.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -23,21 +28,11 @@
 #include <set>
 #include <string>
 
-#include "interpreter.hpp"
 #include "launch/proc_tree.hpp"
-#include "rank_module.hpp"
+#include "libpython.hpp"
+#include "rank_entry.hpp"
 
 namespace {
-
-// A rank must never outlive its host, whatever kills the host (SIGKILL included): the
-// kernel sends us SIGKILL when the parent dies. The getppid() check closes the race where
-// the host died before prctl ran.
-void die_with_host() {
-  const char* host = std::getenv("AIRHOST_HOST_PID");
-  if (!host) return;
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != static_cast<pid_t>(std::atol(host))) _exit(137);
-}
 
 // The run's group guard: it learns each rank's process group from the host ("+PGID\n" when
 // the rank starts, "-PGID\n" once it has exited and its group was ended) on stdin, and the
@@ -99,63 +94,57 @@ int run_guard() {
   return 0;
 }
 
-int usage(const char* why) {
-  std::fprintf(stderr, "airhost-rank: %s\nairhost-rank is started by airhost, not by hand.\n", why);
-  return 2;
+std::string self_dir() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<size_t>(n));
+  return path.substr(0, path.find_last_of('/'));
+}
+
+bool is_executable(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
+}
+
+// The interpreter the ranks use: --python, else the python3 beside airhost-rank in the
+// environment's bin/ (where pip put both).
+std::string python_of(int argc, char** argv, const std::string& dir) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) break;
+    if (std::strcmp(argv[i], "--python") == 0) return argv[i + 1];
+  }
+  for (const char* name : {"/python3", "/python"})
+    if (is_executable(dir + name)) return dir + name;
+  return "";
+}
+
+// A rank that cannot start says why in one line of its log and exits 1, as a Python that
+// cannot start would.
+int cannot_start(const std::string& why) {
+  std::fprintf(stderr, "airhost-rank: cannot start Python: %s\n", why.c_str());
+  return 1;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--guard") == 0) return run_guard();
-  if (argc >= 2 && std::strcmp(argv[1], "--warm-server") == 0) {
-    airhost::rank::WarmArgs warm;
-    warm.preload = "auto";
-    for (int j = 2; j < argc; ++j) {
-      const std::string a = argv[j];
-      if (j + 1 >= argc) return usage(("missing value for " + a).c_str());
-      const std::string v = argv[++j];
-      if (a == "--socket") warm.socket = v;
-      else if (a == "--preload") warm.preload = v;
-      else if (a == "--python") warm.python = v;
-      else if (a == "--parent-pid") warm.parent_pid = v;
-      else return usage(("unknown option " + a).c_str());
+  const std::string dir = self_dir();
+  const auto search = airhost::rank::libpython_search(python_of(argc, argv, dir), AIRHOST_PYTHON_VERSION);
+  if (const std::string why = airhost::rank::load_libpython(search); !why.empty()) return cannot_start(why);
+  std::string tried, error;
+  for (const auto& path : airhost::rank::rank_library_candidates(dir)) {
+    struct stat st{};
+    if (::stat(path.c_str(), &st) != 0) {
+      tried += (tried.empty() ? "" : ", ") + path;
+      continue;
     }
-    if (warm.socket.empty()) return usage("--warm-server needs --socket");
-    return airhost::rank::run_warm_server(warm);
+    void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return cannot_start(path + " does not load (" + ::dlerror() + "); reinstall airhost");
+    auto entry = reinterpret_cast<airhost_rank_main_fn>(::dlsym(lib, "airhost_rank_main"));
+    if (!entry) return cannot_start(path + " has no airhost_rank_main; reinstall airhost");
+    return entry(argc, argv);
   }
-  die_with_host();
-
-  if (const char* fd = std::getenv("AIRHOST_CONTROL_FD")) {
-    int cfd = std::atoi(fd);
-    // Keep the channel out of processes the user's code execs; forked children
-    // (DataLoader workers, daemons) still hold it, but never write to it (control_pid).
-    if (::fcntl(cfd, F_SETFD, FD_CLOEXEC) == 0) {
-      airhost::rank::control_fd = cfd;
-      airhost::rank::control_pid = ::getpid();
-    }
-  }
-
-  airhost::rank::RankArgs args;
-  int i = 1;
-  for (; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](std::string& out) {
-      if (i + 1 >= argc) return false;
-      out = argv[++i];
-      return true;
-    };
-    bool ok = true;
-    if (a == "--") { ++i; break; }
-    else if (a == "--kind") ok = value(args.kind);
-    else if (a == "--target") ok = value(args.target);
-    else if (a == "--function") ok = value(args.function);
-    else if (a == "--python") ok = value(args.python);
-    else if (a == "--result-format") ok = value(args.result_format);
-    else return usage(("unknown option " + a).c_str());
-    if (!ok) return usage(("missing value for " + a).c_str());
-  }
-  for (; i < argc; ++i) args.args.emplace_back(argv[i]);
-  if (args.kind.empty() || args.target.empty()) return usage("--kind and --target are required");
-  return airhost::rank::run_interpreter(args);
+  return cannot_start("the rank runtime's Python half is missing (looked for " + tried + "); reinstall airhost");
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <iterator>
 #include <cmath>
 #include <chrono>
 #include <climits>
@@ -34,8 +35,14 @@ double now_seconds() {
   return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
+// Linux's signal names, spelled out: glibc's sigabbrev_np() is 2.32 and newer, and the wheels
+// run on 2.28 (scripts/build-wheels.sh).
 std::string signal_name(int sig) {
-  if (const char* abbrev = ::sigabbrev_np(sig)) return std::string("SIG") + abbrev;
+  static constexpr const char* kNames[] = {
+      nullptr, "HUP",  "INT",  "QUIT", "ILL",    "TRAP",   "ABRT", "BUS",  "FPE",  "KILL", "USR1",
+      "SEGV",  "USR2", "PIPE", "ALRM", "TERM",   "STKFLT", "CHLD", "CONT", "STOP", "TSTP", "TTIN",
+      "TTOU",  "URG",  "XCPU", "XFSZ", "VTALRM", "PROF",   "WINCH", "IO",  "PWR",  "SYS"};
+  if (sig > 0 && sig < static_cast<int>(std::size(kNames))) return std::string("SIG") + kNames[sig];
   return "signal " + std::to_string(sig);
 }
 

@@ -159,8 +159,10 @@ std::string find_accelerators_toml() {
     candidates.push_back(prefix + "/lib/python" AIRHOST_PYTHON_VERSION "/site-packages/airhost/configs/accelerators.toml");
 #endif
   }
-  // The source tree this file (host/gpu/) was compiled from (a build tree's binary).
-  candidates.push_back(dirname_of(dirname_of(dirname_of(__FILE__))) + "/configs/accelerators.toml");
+#ifdef AIRHOST_SOURCE_CONFIGS
+  // The source tree a build tree's binary was compiled from (never in a wheel).
+  candidates.push_back(AIRHOST_SOURCE_CONFIGS "/accelerators.toml");
+#endif
   for (const auto& c : candidates) {
     std::error_code ec;
     if (std::filesystem::is_regular_file(c, ec)) return c;

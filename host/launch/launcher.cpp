@@ -65,8 +65,10 @@ std::string find_rank_binary(const LaunchSpec& spec) {
   auto env = detail::getenv_or("AIRHOST_RANK_BINARY", "");
   if (!env.empty()) return env;
   const std::string beside = detail::dirname_of(detail::executable_path()) + "/airhost-rank";
-  if (is_executable(beside)) return beside;
-  return std::string(AIRHOST_INSTALL_BINDIR) + "/airhost-rank";
+#ifdef AIRHOST_INSTALL_BINDIR
+  if (!is_executable(beside)) return std::string(AIRHOST_INSTALL_BINDIR) + "/airhost-rank";
+#endif
+  return beside;
 }
 
 // A result too large for shared memory is written to an unnamed file in results/ (O_TMPFILE).
@@ -87,11 +89,22 @@ void sweep_results_dir(const std::string& run_dir) {
 
 }  // namespace
 
-// The CLI sits next to python in the bin/ of the environment it was installed into.
+// The CLI sits next to python in the bin/ of the environment it was installed into (a venv,
+// conda). Installed with pip --user or into /usr/local, it does not: then the python3.X on
+// PATH of the version it was built for, as that is the one pip installed it with.
 std::string default_python() {
-  const std::string beside = detail::dirname_of(detail::executable_path()) + "/python3";
-  if (is_executable(beside)) return beside;
-  return is_executable(AIRHOST_DEFAULT_PYTHON) ? std::string(AIRHOST_DEFAULT_PYTHON) : std::string{};
+  const std::string dir = detail::dirname_of(detail::executable_path());
+  for (const char* name : {"/python3", "/python" AIRHOST_PYTHON_VERSION})
+    if (is_executable(dir + name)) return dir + name;
+#ifdef AIRHOST_DEFAULT_PYTHON
+  if (is_executable(AIRHOST_DEFAULT_PYTHON)) return AIRHOST_DEFAULT_PYTHON;
+#endif
+  const std::string path = detail::getenv_or("PATH", "");
+  for (const auto& d : detail::split(path, ':')) {
+    const std::string candidate = (d.empty() ? std::string(".") : d) + "/python" AIRHOST_PYTHON_VERSION;
+    if (is_executable(candidate)) return candidate;
+  }
+  return "";
 }
 
 namespace {
