@@ -15,5 +15,12 @@ cmake -S . -B build/dev -G Ninja -DAIRHOST_BUILD_PYTHON=OFF -DPython3_EXECUTABLE
 cmake --build build/dev -j "$(nproc)"
 (cd build/dev && ctest --output-on-failure)
 
+# The sdist and a wheel per CPython 3.10-3.13, as users install them: tests/py/test_wheels.py
+# installs each into a fresh venv with no compiler in reach (AIRHOST_TEST_WHEELS=0 skips this).
+if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then
+  scripts/build-wheels.sh
+  export AIRHOST_TEST_DIST="$(pwd)/dist"
+fi
+
 export AIRHOST_TEST_BUILD_DIR="$(pwd)/build/dev"
 .venv/bin/python -m pytest -q "$@"
