@@ -8,11 +8,14 @@
 # builds airhost against the node's own python3 and torch, installing nothing from anywhere.
 #
 # DIR holds (about 10 MB; keep it out of git, e.g. under build/):
-#   libuv/     libuv built here from Debian's source package (its security patches applied),
+#   libuv/     (the fallback build, for a node whose Python has no wheel here)
+#              libuv built here from Debian's source package (its security patches applied),
 #              static and position-independent, so the CLI, the rank runtime and the Python
 #              extension all link it and the node needs neither libuv nor pkg-config
 #   include/   toml++'s headers, from Debian's libtomlplusplus-dev (header-only use)
-#   wheels/    pure-Python wheels the checks need that a CUDA-torch node usually lacks:
+#   wheels/    airhost's own wheels for the Pythons of AIRHOST_BUNDLE_PYTHONS (from dist/, made
+#              by scripts/build-wheels.sh when missing), which the node installs with no build,
+#              with cloudpickle and fsspec; and the wheels the checks need that a CUDA-torch node usually lacks:
 #              DeepSpeed built here with no prebuilt ops (it compiles what it needs on the
 #              node; the example uses none), and its needs beyond torch's (hjson, pydantic and
 #              pydantic-core for each Python of AIRHOST_BUNDLE_PYTHONS, ...)
@@ -36,47 +39,15 @@ rm -rf "$OUT/libuv" "$OUT/include" "$OUT/wheels" "$OUT/MANIFEST"
 mkdir -p "$OUT/include" "$OUT/wheels"
 say() { echo "gpu-bundle: $*"; }
 
-# --- apt: a private list of this system's sources plus their deb-src twins -----------------
-# No root and no change to the system's apt state: apt-get reads and writes only under $work.
-mkdir -p "$work/apt/lists/partial" "$work/apt/parts" "$work/apt/cache/archives/partial"
-for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-  [ -f "$f" ] || continue
-  grep -E '^deb ' "$f" >>"$work/apt/parts/bundle.list" || true
-  grep -E '^deb ' "$f" | sed 's/^deb /deb-src /' >>"$work/apt/parts/bundle.list" || true
-done
-for f in /etc/apt/sources.list.d/*.sources; do
-  [ -f "$f" ] || continue
-  sed -E 's/^Types:.*/Types: deb deb-src/' "$f" >"$work/apt/parts/$(basename "$f")"
-done
-APT=(apt-get -q -o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$work/apt/parts"
-     -o "Dir::State::Lists=$work/apt/lists" -o "Dir::Cache=$work/apt/cache" -o Debug::NoLocking=1
-     -o APT::Sandbox::User=root)
-say "reading the package lists (deb and deb-src) of this system's sources"
-"${APT[@]}" update >"$work/apt-update.log" 2>&1 || { cat "$work/apt-update.log" >&2; exit 1; }
-
-# --- libuv: Debian's source with its patches, built static and PIC --------------------------
-(cd "$work" && "${APT[@]}" source --download-only libuv1 >"$work/apt-source.log" 2>&1) \
-  || { cat "$work/apt-source.log" >&2; echo "gpu-bundle: could not fetch libuv1's source package" >&2; exit 1; }
-orig=$(ls "$work"/libuv1_*.orig.tar.gz)
-uv_version=$(basename "$orig" | sed -E 's/libuv1_(.*)\.orig\.tar\.gz/\1/')
-mkdir -p "$work/libuv-src"
-tar -xzf "$orig" -C "$work/libuv-src" --strip-components=1
-debian_tar=$(ls "$work"/libuv1_*.debian.tar.* 2>/dev/null | head -n 1 || true)
-patches=0
-if [ -n "$debian_tar" ]; then
-  tar -xf "$debian_tar" -C "$work/libuv-src"
-  if [ -f "$work/libuv-src/debian/patches/series" ]; then
-    while read -r p _; do
-      case "$p" in ''|'#'*) continue ;; esac
-      patch -s -p1 -d "$work/libuv-src" <"$work/libuv-src/debian/patches/$p"
-      patches=$((patches + 1))
-    done <"$work/libuv-src/debian/patches/series"
-  fi
-fi
+# --- libuv and toml++: Debian's sources (scripts/vendor-deps.sh), libuv built static and PIC ----
+"$ROOT/scripts/vendor-deps.sh" "$work/src" >"$work/vendor.log" 2>&1 || { cat "$work/vendor.log" >&2; exit 1; }
+uv_version=$(sed -nE 's/^libuv ([^,]*), .* with ([0-9]+) patch.*/\1/p' "$work/src/VERSIONS")
+patches=$(sed -nE 's/^libuv [^,]*, .* with ([0-9]+) patch.*/\1/p' "$work/src/VERSIONS")
+toml_version=$(sed -nE 's/^toml\+\+ ([^,]*), .*/\1/p' "$work/src/VERSIONS")
 say "building libuv $uv_version ($patches Debian patch(es) applied), static and position-independent"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
-cmake -S "$work/libuv-src" -B "$work/libuv-build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+cmake -S "$work/src/libuv" -B "$work/libuv-build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DLIBUV_BUILD_SHARED=OFF -DLIBUV_BUILD_TESTS=OFF \
   -DLIBUV_BUILD_BENCH=OFF -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCMAKE_INSTALL_PREFIX="$OUT/libuv" -DCMAKE_INSTALL_LIBDIR=lib >"$work/libuv-cmake.log" 2>&1 \
   || { cat "$work/libuv-cmake.log" >&2; exit 1; }
@@ -85,14 +56,28 @@ cmake --install "$work/libuv-build" >/dev/null
 # The static archive is all a build needs; libuv's CMake names it libuv.a (older ones libuv_a.a).
 [ -f "$OUT/libuv/lib/libuv.a" ] || [ -f "$OUT/libuv/lib/libuv_a.a" ] || { echo "gpu-bundle: libuv built no static archive" >&2; exit 1; }
 rm -rf "$OUT/libuv/lib/pkgconfig" "$OUT/libuv/lib/cmake" "$OUT/libuv/share"
+cp -r "$work/src/tomlplusplus/include/toml++" "$OUT/include/"
 
-# --- toml++: Debian's headers --------------------------------------------------------------
-(cd "$work" && "${APT[@]}" download libtomlplusplus-dev >"$work/apt-toml.log" 2>&1) \
-  || { cat "$work/apt-toml.log" >&2; echo "gpu-bundle: could not fetch libtomlplusplus-dev" >&2; exit 1; }
-deb=$(ls "$work"/libtomlplusplus-dev_*.deb)
-toml_version=$(dpkg-deb -f "$deb" Version)
-dpkg-deb -x "$deb" "$work/toml"
-cp -r "$work/toml/usr/include/toml++" "$OUT/include/"
+# --- airhost's own wheels: what the node installs, with no build --------------------------
+# One per Python of AIRHOST_BUNDLE_PYTHONS, from dist/ (scripts/build-wheels.sh makes what is
+# missing), with airhost's two pure-Python needs. The build above stays as the fallback for a
+# node whose Python has no wheel here.
+if [ "${AIRHOST_BUNDLE_AIRHOST_WHEELS:-1}" = 1 ]; then
+  version=$(sed -nE 's/^version = "(.*)"/\1/p' "$ROOT/pyproject.toml" | head -n 1)
+  missing=()
+  for v in $PYTHONS; do
+    ls "$ROOT"/dist/airhost-"$version"-cp"${v/./}"-cp"${v/./}"-manylinux_*.whl >/dev/null 2>&1 || missing+=("$v")
+  done
+  if ((${#missing[@]})); then
+    say "building airhost's wheels for Python ${missing[*]} (scripts/build-wheels.sh)"
+    AIRHOST_WHEEL_PYTHONS="${missing[*]}" "$ROOT/scripts/build-wheels.sh" >"$work/wheels.log" 2>&1 || { tail -n 40 "$work/wheels.log" >&2; exit 1; }
+  fi
+  for v in $PYTHONS; do
+    cp "$ROOT"/dist/airhost-"$version"-cp"${v/./}"-cp"${v/./}"-manylinux_*.whl "$OUT/wheels/"
+  done
+  "$PY" -m pip -q --disable-pip-version-check download --no-deps --only-binary=:all: -d "$OUT/wheels" \
+    "cloudpickle>=2.0" "fsspec>=2023.1" >"$work/airhost-deps.log" 2>&1 || { cat "$work/airhost-deps.log" >&2; exit 1; }
+fi
 
 # --- wheels --------------------------------------------------------------------------------
 pip_q=("$PY" -m pip -q --disable-pip-version-check)

@@ -11,12 +11,15 @@
 #            node's packages through a .pth file and leaves the node's environment untouched;
 #            CMake's build tree: AIRHOST_GPU_CHECK_BUILD_DIR (default build/gpu-check-build).
 #
+# AIRHOST_GPU_CHECK_BUILD_ONLY=1 stops after the build (the other steps SKIP).
 # AIRHOST_GPU_CHECK_REHEARSAL=1 rehearses on a machine without a GPU: the steps that need one
 # are SKIP, the others run (the build, the Python API and the CLI on CPU ranks, a warm start).
 # Without it a missing GPU is a FAIL. The steps:
 #
-#   build     online: scripts/setup.sh; offline: a venv over the node's Python, pip install .
-#             with the bundle's libuv and toml++ (no pkg-config, no libuv needed on the node)
+#   build     online: scripts/setup.sh; offline: a venv over the node's Python, and the
+#             bundle's airhost wheel for that Python installed into it (no build); where the
+#             bundle has none (or AIRHOST_GPU_CHECK_FROM_SOURCE=1), pip install . with the
+#             bundle's libuv and toml++ (no pkg-config, no libuv needed on the node)
 #   torch     torch is a CUDA build and sees the GPU(s)
 #   doctor    `airhost doctor`: GPUs, topology, CUDA memory and SGEMM, NCCL all-reduce; exit 0
 #   json      `airhost doctor --json`: one valid JSON object, exit 0, the all-reduce ran
@@ -128,10 +131,10 @@ grep -q '^cuda:     runtime' "$LOGS/found.txt" && have_gpu=1
 [ $have_gpu = 1 ] || gpu_why=${gpu_why:-$(grep -E '^(torch|cuda):' "$LOGS/found.txt" | tail -n 1)}
 
 # --- 1. build ---------------------------------------------------------------------------------
-build_offline() {
+make_venv() {
   # A venv over the node's Python: its own site-packages first (airhost, and the bundle's
   # wheels), then the node's through a .pth file, so torch and the build tools are the node's.
-  local node_site t0
+  local node_site
   node_site=$("$NODE_PY" -c 'import site, sys; print("\n".join(p for p in site.getsitepackages() if "-packages" in p))')
   if [ ! -x "$PY" ]; then
     "$NODE_PY" -m venv --without-pip "$VENV" || return 1
@@ -142,6 +145,9 @@ build_offline() {
   while read -r d; do
     [ -n "$d" ] && echo "import site; site.addsitedir('$d')" >>"$venv_site/_airhost_node_site.pth"
   done <<<"$node_site"
+}
+build_offline() {
+  [ -x "$PY" ] || make_venv || return 1
   "$PY" -c 'import pip, scikit_build_core, pybind11' || {
     echo "the node's Python lacks pip, scikit-build-core or pybind11, which the offline build uses" >&2; return 1; }
   local pybind11_dir
@@ -153,12 +159,32 @@ build_offline() {
       --config-settings=build-dir="${AIRHOST_GPU_CHECK_BUILD_DIR:-$ROOT/build/gpu-check-build}" --config-settings=build.tool-args=-k0 "$ROOT" || return 1
   [ -x "$AIRHOST" ] || { echo "pip install . left no $AIRHOST" >&2; return 1; }
 }
+# The wheel of the node's Python from the bundle, installed with no build: what a user does.
+install_wheel() {
+  local wheel=$1
+  # Into the check's own venv even when the node's environment has an airhost of the same
+  # version (the venv sees the node's packages): --force-reinstall, its needs only if missing.
+  "$PY" -m pip install --no-index --disable-pip-version-check --force-reinstall --no-deps "$wheel" || return 1
+  "$PY" -c 'import cloudpickle, fsspec' 2>/dev/null \
+    || "$PY" -m pip install --no-index --disable-pip-version-check --find-links "$BUNDLE/wheels" cloudpickle fsspec || return 1
+  [ -x "$AIRHOST" ] || { echo "pip install $wheel left no $AIRHOST" >&2; return 1; }
+}
 if [ -n "$BUNDLE" ]; then
   t0=$(date +%s)
-  if build_offline >"$LOGS/build.log" 2>&1; then
+  node_tag=$("$NODE_PY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
+  wheel=$(ls "$BUNDLE"/wheels/airhost-*-"$node_tag"-"$node_tag"-manylinux_*.whl 2>/dev/null | head -n 1)
+  [ "${AIRHOST_GPU_CHECK_FROM_SOURCE:-0}" = 1 ] && wheel=""
+  [ -n "$wheel" ] && { [ -x "$PY" ] || make_venv >"$LOGS/build.log" 2>&1; }
+fi
+if [ -n "$BUNDLE" ] && [ -n "$wheel" ] && install_wheel "$wheel" >>"$LOGS/build.log" 2>&1; then
+  record build PASS "wheel $(basename "$wheel") installed in $(( $(date +%s) - t0 )) s, no build: $("$AIRHOST" --version 2>&1)"
+elif [ -n "$BUNDLE" ]; then
+  t0=$(date +%s)
+  if [ -n "$wheel" ]; then why="the wheel did not install (see $LOGS/build.log), so"; else why="no wheel for $node_tag in the bundle (or AIRHOST_GPU_CHECK_FROM_SOURCE=1), so"; fi
+  if build_offline >>"$LOGS/build.log" 2>&1; then
     uv_line=$(grep -o 'airhost: libuv from [^ ]*: [^ ]*' "$LOGS/build.log" | tail -n 1)
     toml_line=$(grep -o 'airhost: toml++ from [^ ]*' "$LOGS/build.log" | tail -n 1)
-    record build PASS "offline in $(( $(date +%s) - t0 )) s on $NPROC cores: $("$AIRHOST" --version 2>&1); ${uv_line#airhost: }; ${toml_line#airhost: }"
+    record build PASS "$why built offline in $(( $(date +%s) - t0 )) s on $NPROC cores: $("$AIRHOST" --version 2>&1); ${uv_line#airhost: }; ${toml_line#airhost: }"
   else
     record build FAIL "offline build failed; see $LOGS/build.log: $(grep -m 1 -E 'Error|error:|FATAL' "$LOGS/build.log" || tail -n 1 "$LOGS/build.log")"
   fi
@@ -181,6 +207,8 @@ run_dir() { echo "$LOGS/$1-run-$(date +%Y%m%d-%H%M%S)"; }
 all_steps=(torch doctor json api type ddp fsdp deepspeed warm startup hang usage)
 if [ ! -x "$AIRHOST" ] || [ ! -x "$PY" ]; then
   for step in "${all_steps[@]}"; do record "$step" SKIP "no airhost build"; done
+elif [ "${AIRHOST_GPU_CHECK_BUILD_ONLY:-0}" = 1 ]; then
+  for step in "${all_steps[@]}"; do record "$step" SKIP "AIRHOST_GPU_CHECK_BUILD_ONLY=1"; done
 elif [ $have_gpu = 0 ] && [ "$REHEARSAL" != 1 ]; then
   # On a GPU node whose GPU is missing (a container started without --gpus, a broken driver),
   # CPU ranks passing would prove nothing of what this check is for.

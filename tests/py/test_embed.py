@@ -17,7 +17,8 @@ def test_an_outside_cmake_project_finds_links_and_runs_the_installed_airhost(tmp
         pytest.skip("needs the dev build (scripts/test.sh makes it)")
     prefix = tmp_path / "prefix"
     subprocess.run(["cmake", "--install", BUILD, "--prefix", str(prefix)], check=True, capture_output=True)
-    for f in ("include/airhost/airhost.hpp", "lib/libairhost.a", "lib/cmake/airhost/airhostConfig.cmake", "bin/airhost-rank"):
+    for f in ("include/airhost/airhost.hpp", "lib/libairhost.a", "lib/cmake/airhost/airhostConfig.cmake", "bin/airhost-rank",
+              "lib/airhost/libairhost-rank-py.so"):
         assert (prefix / f).exists(), f
 
     build = tmp_path / "embed"

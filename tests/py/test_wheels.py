@@ -254,3 +254,17 @@ def test_a_python_with_no_shared_libpython_is_told_so_in_one_sentence(deps, bare
     out = r.stdout + r.stderr
     assert f"the Python at {python} (3.11) has no shared libpython: it was built without --enable-shared" in out, out
     assert "PYTHON_CONFIGURE_OPTS=--enable-shared" in out, out
+
+
+def test_a_python_older_than_3_10_is_refused_by_pip_in_one_sentence(tmp_path):
+    # Python 3.9 has no wheel; the sdist declares the Pythons it supports, so pip refuses it
+    # before building anything.
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    old = next(iter(sorted(root.glob("versions/3.9.*/bin/python3.9"))), None) or shutil.which("python3.9")
+    if not old:
+        pytest.skip("no Python 3.9 here (pyenv install 3.9)")
+    venv = make_venv(str(old), tmp_path / "venv")
+    r = subprocess.run([str(venv / "bin" / "pip"), "install", "--disable-pip-version-check",
+                        str(Path(DIST) / f"airhost-{version()}.tar.gz")], capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    assert "requires a different Python" in r.stdout + r.stderr and ">=3.10" in r.stdout + r.stderr, r.stdout + r.stderr
