@@ -268,3 +268,19 @@ def test_a_python_older_than_3_10_is_refused_by_pip_in_one_sentence(tmp_path):
                         str(Path(DIST) / f"airhost-{version()}.tar.gz")], capture_output=True, text=True, timeout=600)
     assert r.returncode != 0
     assert "requires a different Python" in r.stdout + r.stderr and ">=3.10" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_a_musl_system_is_refused_by_the_build_in_one_sentence(tmp_path):
+    # Alpine's musl, as Zig's clang targets it (the wheel build's own compiler, in
+    # build/wheel-tools): the configure step says what is wrong and what to use.
+    zig = next(iter(TOOLS.glob("lib/python3*/site-packages/ziglang/zig")), None)
+    assert zig, "scripts/build-wheels.sh installs ziglang into build/wheel-tools"
+    for tool in ("cc", "c++"):
+        (tmp_path / f"musl-{tool}").write_text(f"#!/bin/sh\nexec {zig} {tool} -target x86_64-linux-musl \"$@\"\n")
+        (tmp_path / f"musl-{tool}").chmod(0o755)
+    env = dict(os.environ, CC=str(tmp_path / "musl-cc"), CXX=str(tmp_path / "musl-c++"))
+    r = subprocess.run(["cmake", "-S", str(REPO), "-B", str(tmp_path / "build"), "-DAIRHOST_BUILD_TESTS=OFF"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0
+    assert "this system's C library is not glibc (musl, as on Alpine?)" in r.stderr, r.stderr
+    assert r.stderr.count("CMake Error") == 1, r.stderr
