@@ -131,16 +131,21 @@ void on_stacks_signal(int, siginfo_t* info, void*) {
     // Another thread of this rank may be answering already (the signal goes to any thread):
     // it answers this request too, before it lets go.
     if (!stacks_busy.exchange(true)) {
-      do {
-        stacks_seq = stacks_wanted.load();
-        bool whole = false;
-        for (int tries = 0; !whole && tries < kDumpTries; ++tries) whole = airhost::detail::read_guarded(dump_into_file, nullptr);
-        if (!whole) {
-          put("error: the stacks kept changing while they were read (threads running Python); ask again\n");
-        }
-        put(airhost::detail::kStacksEnd), put("seq="), put(stacks_seq), put("\n");
-      } while (stacks_wanted.load() != stacks_seq);
-      stacks_busy.store(false);
+      for (;;) {
+        do {
+          stacks_seq = stacks_wanted.load();
+          bool whole = false;
+          for (int tries = 0; !whole && tries < kDumpTries; ++tries) whole = airhost::detail::read_guarded(dump_into_file, nullptr);
+          if (!whole) {
+            put("error: the stacks kept changing while they were read (threads running Python); ask again\n");
+          }
+          put(airhost::detail::kStacksEnd), put("seq="), put(stacks_seq), put("\n");
+        } while (stacks_wanted.load() != stacks_seq);
+        stacks_busy.store(false);
+        // A request that came between the last check and the store above found the flag still
+        // set and left its answer to this thread: take it back, unless another thread has.
+        if (stacks_wanted.load() == stacks_seq || stacks_busy.exchange(true)) break;
+      }
     }
   }
   errno = saved;

@@ -1,6 +1,8 @@
 // commands.hpp — the CLI's commands besides a launch (main.cpp): each in its own file.
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 #include <vector>
 
@@ -46,5 +48,9 @@ int print_env(const LaunchSpec& spec, const ClusterResolution& cluster);
 // `--preflight`: the quick checks that catch a bad node before hours are committed to it;
 // the problems found, one sentence each (preflight.cpp).
 std::vector<std::string> preflight(const LaunchSpec& spec);
+
+// `airhost logs --tail N`: the offset where the last `lines` lines of the file at `path` begin
+// (its size for 0; 0 when it has fewer lines), found reading back from the end in blocks.
+off_t tail_offset(const std::string& path, long lines);
 
 }  // namespace airhost::detail

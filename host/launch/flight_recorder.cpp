@@ -16,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/sigpipe.hpp"
 #include "base/util.hpp"
 #include "launch/flight_recorder_py.hpp"  // generated from runtime/flight_recorder.py
 
@@ -69,7 +70,10 @@ std::vector<int> poke_flight_recorder(const std::string& stacks_dir, const std::
     // O_NONBLOCK: with no reader the open fails (ENXIO) instead of waiting for one.
     const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) continue;
-    if (::write(fd, "1", 1) == 1) asked.push_back(rank);
+    {
+      SigpipeGuard no_sigpipe;  // its reader may close it between the open and the write
+      if (::write(fd, "1", 1) == 1) asked.push_back(rank);
+    }
     ::close(fd);
   }
   ::closedir(d);
@@ -103,8 +107,18 @@ std::string flight_recorder_summary(const std::string& python, const std::string
   posix_spawn_file_actions_adddup2(&actions, out[1], STDERR_FILENO);
   const std::string py = python.empty() ? "python3" : python;
   std::vector<const char*> argv{py.c_str(), "-I", "-c", kFlightRecorderSource, stacks_dir.c_str(), prefix.c_str(), nullptr};
+  // Out of the terminal's signals (a group of its own), with an empty signal mask: a helper
+  // of the host's, ended by the host (the limit below), as the MLflow helper is.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setpgroup(&attr, 0);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
   pid_t pid = 0;
-  const int rc = ::posix_spawnp(&pid, py.c_str(), &actions, nullptr, const_cast<char* const*>(argv.data()), environ);
+  const int rc = ::posix_spawnp(&pid, py.c_str(), &actions, &attr, const_cast<char* const*>(argv.data()), environ);
+  posix_spawnattr_destroy(&attr);
   posix_spawn_file_actions_destroy(&actions);
   ::close(out[1]);
   if (rc != 0) {

@@ -22,7 +22,11 @@
 
 namespace airhost::detail {
 
-constexpr int kNodeLinkVersion = 1;
+// The node link's protocol, raised with every change a node of the previous version would
+// misread or drop: node 0 refuses a node of another version at the join, naming both.
+//   1  join, agreement, heartbeats, down reports, the exit barrier
+//   2  the stacks frames (node 0 asking the other nodes) and the down report's new fields
+constexpr int kNodeLinkVersion = 2;
 
 enum class LinkKind : std::uint16_t {
   hello = 1,      // node → node 0: NodeHello

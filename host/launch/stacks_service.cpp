@@ -171,6 +171,8 @@ struct StacksService::Impl {
     std::string request;
     std::string answer;
     uv_write_t write{};
+    bool taken = false;     // its request line was read: what follows it is never parsed
+    bool answered = false;  // its one answer is written (or being written): write is in use
     bool closing = false;
     bool sampling = false;  // waits for a sampling: its going away ends the sampling
   };
@@ -271,12 +273,16 @@ struct StacksService::Impl {
       return finish_client(c);
     }
     if (n < 0) return finish_client(c);
+    // One request a connection: bytes after its line are not read as another one (they were,
+    // each read answering again while the first answer's write was still in flight).
+    if (c->taken) return;
     c->request.append(buf->base, static_cast<std::size_t>(n));
     const auto nl = c->request.find('\n');
     if (nl == std::string::npos) {
       if (c->request.size() > kMaxRequest) finish_client(c);
       return;
     }
+    c->taken = true;
     std::istringstream words(c->request.substr(0, nl));
     std::string word;
     bool json = false, all = false, stacks = false;
@@ -304,7 +310,8 @@ struct StacksService::Impl {
   }
 
   void reply(Client* c, std::string text) {
-    if (c->closing) return;
+    if (c->closing || c->answered) return;
+    c->answered = true;
     if (c->sampling) uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->pipe));
     c->answer = std::move(text);
     uv_buf_t b = uv_buf_init(c->answer.data(), static_cast<unsigned>(c->answer.size()));

@@ -18,6 +18,7 @@
 #include <system_error>
 
 #include "airhost/exit_code.hpp"
+#include "base/sigpipe.hpp"
 #include "base/unique_fd.hpp"
 #include "base/util.hpp"
 #include "launch/console_writer.hpp"
@@ -1305,7 +1306,12 @@ struct Supervisor::Impl {
     on_async();      // a cancel() or abort() that came before the loop could take it
     maybe_finish();  // nothing started at all (every spawn failed)
 
-    uv_run(&loop, UV_RUN_DEFAULT);
+    {
+      // Every write of the loop (a stacks answer to a client that left, a pipe) fails with
+      // EPIPE instead of raising SIGPIPE in a program that embeds libairhost (base/sigpipe.hpp).
+      detail::SigpipeGuard no_sigpipe;
+      uv_run(&loop, UV_RUN_DEFAULT);
+    }
     // What the reader has not taken yet gets a moment more (the run's last lines); a reader
     // that takes nothing at all does not keep the run, nor the summary, waiting.
     plan.out->drain(kFinalDrain);

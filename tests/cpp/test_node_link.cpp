@@ -146,10 +146,18 @@ TEST_CASE("node 0 checks that the nodes agree, and names who said what") {
         "the others 1..2");
   CHECK(check_nodes(self, {node(5, 3, 2, "gpu-b")}) ==
         "the node on gpu-b was given --node-rank 5, but the job has 3 nodes (node ranks 0..2)");
+  const std::string v = std::to_string(kNodeLinkVersion);
   NodeHello future = node(1, 3, 2, "gpu-b");
   future.version = kNodeLinkVersion + 1;
-  CHECK(check_nodes(self, {future}).find("speaks node link protocol 2, node 0 (gpu-a) speaks 1; install the same "
+  CHECK(check_nodes(self, {future}).find("speaks node link protocol " + std::to_string(kNodeLinkVersion + 1) +
+                                         ", node 0 (gpu-a) speaks " + v + "; install the same "
                                          "airhost version on every node") != std::string::npos);
+  // A node of the airhost before the stacks frames (protocol 1) is refused at the join: it
+  // would drop node 0's requests for stacks, and every `airhost stacks` would wait for it.
+  CHECK(kNodeLinkVersion >= 2);
+  NodeHello old = node(1, 3, 2, "gpu-b");
+  old.version = 1;
+  CHECK(check_nodes(self, {old}).find("speaks node link protocol 1, node 0 (gpu-a) speaks " + v) != std::string::npos);
 }
 
 TEST_CASE("an unresolvable master address is named, a numeric one resolves") {

@@ -5,14 +5,21 @@
 // a request stays under way for its whole wait.
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
 
 #include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "base/sigpipe.hpp"
 #include "launch/stacks_service.hpp"
 #include "support.hpp"
 
@@ -131,4 +138,107 @@ TEST_CASE("one sampling at a time: rounds every interval, each rank's CPU, the p
   REQUIRE_FALSE(s.file.empty());
   CHECK(s.file.find("/stacks/sample-") != std::string::npos);
   CHECK(::access(s.file.c_str(), F_OK) == 0);
+}
+
+namespace {
+
+// A client of the service's socket on a thread of its own: connects, sends `request`, then
+// either reads the answer to its end or (leave_early) closes at once.
+struct SocketClient {
+  std::string answer;
+  std::thread thread;
+  SocketClient(const std::string& run_dir, std::string request, bool leave_early) {
+    thread = std::thread([this, path = run_dir + "/" + kHostSocketName, request, leave_early] {
+      const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_un addr{};
+      addr.sun_family = AF_UNIX;
+      std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path.c_str());
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return (void)::close(fd);
+      const timeval limit{10, 0};  // a host that never ends its answer fails the test, not hangs it
+      ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+      (void)!::write(fd, request.data(), request.size());
+      if (!leave_early) {
+        char buf[4096];
+        for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) answer.append(buf, static_cast<size_t>(n));
+      }
+      ::close(fd);
+    });
+  }
+};
+
+// Runs a service over two silent ranks until `client_done` and a moment more, then closes it.
+void serve_one_client(const std::string& dir, pid_t zero, pid_t one, const std::function<void()>& with_client) {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  StacksService::Options opt;
+  opt.loop = &loop;
+  opt.run_id = "r1";
+  opt.run_dir = dir;
+  opt.wait = 200ms;
+  opt.ranks = [&] { return std::vector<StacksService::Rank>{{0, 0, zero, true}, {1, 1, one, true}}; };
+  StacksService service(opt);
+  REQUIRE(service.start() == "");
+  with_client();
+  uv_timer_t stop;
+  uv_timer_init(&loop, &stop);
+  stop.data = &service;
+  uv_timer_start(&stop, [](uv_timer_t* t) { static_cast<StacksService*>(t->data)->close(); }, 1000, 0);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  uv_close(reinterpret_cast<uv_handle_t*>(&stop), nullptr);
+  uv_run(&loop, UV_RUN_DEFAULT);
+  REQUIRE(uv_loop_close(&loop) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("a refused sampling request with bytes after its line gets one error line, and the host lives") {
+  // Issue 32, defect 1: the bytes after the line were parsed again on every read, each
+  // answering again through a write request still in flight: the host died of SIGSEGV.
+  airhost_test::TempDir dir;
+  SilentRank zero, one;
+  std::unique_ptr<SocketClient> client;
+  serve_one_client(dir.path(), zero.pid, one.pid, [&] {
+    client = std::make_unique<SocketClient>(dir.path(), "stacks sample=50\n" + std::string(600, 'x'), false);
+  });
+  client->thread.join();
+  CHECK(client->answer == "error: a sampling lasts 100 ms to 1 h\n");
+}
+
+TEST_CASE("a client that leaves before its answer cannot kill a program whose SIGPIPE is at its default") {
+  // Issue 32, defect 2: the answer written to a socket whose reader left raised SIGPIPE, which
+  // only the CLI ignores. The loop runs under SigpipeGuard, as the supervisor runs it; the
+  // same loop without the guard is shown to die of SIGPIPE, so the test can tell.
+  for (const bool guarded : {true, false}) {
+    airhost_test::TempDir dir;
+    SilentRank zero, one;
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      ::signal(SIGPIPE, SIG_DFL);
+      std::unique_ptr<SocketClient> client;
+      auto run = [&] {
+        serve_one_client(dir.path(), zero.pid, one.pid,
+                         [&] { client = std::make_unique<SocketClient>(dir.path(), "stacks\n", true); });
+      };
+      if (guarded) {
+        SigpipeGuard no_sigpipe;
+        run();
+      } else {
+        run();
+      }
+      client->thread.join();
+      sigset_t mask;
+      ::pthread_sigmask(SIG_SETMASK, nullptr, &mask);
+      _exit(sigismember(&mask, SIGPIPE) ? 3 : 0);  // the guard put the mask back
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    if (guarded) {
+      CHECK(WIFEXITED(status));
+      CHECK(WEXITSTATUS(status) == 0);
+    } else {
+      CHECK(WIFSIGNALED(status));
+      CHECK(WTERMSIG(status) == SIGPIPE);
+    }
+  }
 }

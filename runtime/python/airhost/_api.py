@@ -219,6 +219,22 @@ def _payload(fn, args, kwargs) -> list:
     return [meta, body]  # written one after the other: no third copy of a large body
 
 
+def _make_private_dirs(path: str) -> None:
+    """Creates `path` and each missing parent 0700, as the CLI makes a run directory and a new
+    runs root: logs, payloads and results are the user's alone (os.makedirs' mode would apply
+    to the last folder only, the others getting 0755)."""
+    missing = []
+    p = os.path.abspath(path)
+    while not os.path.isdir(p):
+        missing.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(missing):
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            pass
+
+
 def _rank_binary() -> str:
     for d in (os.path.dirname(sys.executable), sysconfig.get_path("scripts")):
         path = os.path.join(d, "airhost-rank")
@@ -382,7 +398,7 @@ class _Launch:
             opts, fn = self.opts, self.fn
             run_id = _native.make_run_id()
             self.run_dir = os.path.join(_native.default_runs_root(), run_id)
-            os.makedirs(os.path.join(self.run_dir, "logs"), mode=0o700, exist_ok=True)
+            _make_private_dirs(os.path.join(self.run_dir, "logs"))
             payload_path = os.path.join(self.run_dir, "payload.pkl")
             with open(os.open(payload_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
                 for part in self._payload:
