@@ -272,9 +272,15 @@ struct StacksService::Impl {
       if (sampling.active && sampling.owner == c) stop_sampling();
       return finish_client(c);
     }
-    if (n < 0) return finish_client(c);
-    // One request a connection: bytes after its line are not read as another one (they were,
-    // each read answering again while the first answer's write was still in flight).
+    if (n < 0) {
+      // A client that shut its writing half after its request still gets the answer.
+      if (n == UV_EOF && c->taken) return (void)uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->pipe));
+      return finish_client(c);
+    }
+    // One request a connection: bytes after its line are read and dropped, never taken for
+    // another request (they were, each read answering again while the first answer's write
+    // was in flight: SIGSEGV), nor left unread (closing on unread bytes resets the client,
+    // which may then never see its answer).
     if (c->taken) return;
     c->request.append(buf->base, static_cast<std::size_t>(n));
     const auto nl = c->request.find('\n');
@@ -293,7 +299,6 @@ struct StacksService::Impl {
       else if (word == "all-threads") all = true;
       else if (word.rfind("sample=", 0) == 0) sample_ms = std::atol(word.c_str() + 7);
     }
-    if (!sample_ms) uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->pipe));
     if (!stacks) return reply(c, "error: unknown request\n");
     if (sample_ms) {
       if (sample_ms < kMinSampleMs || sample_ms > kMaxSampleMs) return reply(c, "error: a sampling lasts 100 ms to 1 h\n");

@@ -34,8 +34,8 @@ SLEEPER = textwrap.dedent("""
 
 def ask(sock_path: Path, request: bytes, read: bool = True) -> bytes:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(str(sock_path))  # blocking: waits while the host's backlog is full, as a CLI client does
     s.settimeout(30)
-    s.connect(str(sock_path))
     s.sendall(request)
     answer = b""
     if read:
@@ -63,7 +63,8 @@ def test_a_malformed_stacks_request_gets_one_error_and_the_run_goes_on(airhost, 
     # Clients that leave at once, before any answer: the host neither dies nor stops serving.
     for _ in range(50):
         ask(sock, b"stacks\n", read=False)
-    assert b"rank 0" in ask(sock, b"stacks\n")
+    answer = ask(sock, b"stacks\n")
+    assert b"2 ranks in 1 group" in answer and b"sleeper.py:6" in answer, answer
     (gate / "release").touch()
     run = started.finish(timeout=60)
     assert run.rc == 0, run.describe()
