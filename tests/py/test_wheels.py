@@ -284,3 +284,66 @@ def test_a_musl_system_is_refused_by_the_build_in_one_sentence(tmp_path):
     assert r.returncode != 0
     assert "this system's C library is not glibc (musl, as on Alpine?)" in r.stderr, r.stderr
     assert r.stderr.count("CMake Error") == 1, r.stderr
+
+
+MAPS = ("import os, sys\nlibs = sorted({l.split()[-1] for l in open('/proc/self/maps') if 'libpython' in l})\n"
+        "print('rank', os.environ['RANK'], 'prefix', sys.prefix, 'libpython', *libs, flush=True)\n")
+
+
+def rank_libpythons(airhost: str, env: dict[str, str], tmp_path: Path) -> list[tuple[str, str]]:
+    """(sys.prefix, the libpython mapped) of each of 2 ranks of `airhost`."""
+    (tmp_path / "maps.py").write_text(MAPS)
+    r = subprocess.run([airhost, str(tmp_path / "maps.py"), "-n", "2"], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    found = re.findall(r"^\[rank \d\] rank \d prefix (\S+) libpython (\S+)$", r.stdout, re.M)
+    assert len(found) == 2, r.stdout
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/usr/bin/python3.11"), reason="Debian's python3.11 is not installed here")
+def test_over_debians_python3_the_ranks_embed_debians_libpython_from_its_multiarch_folder(deps, tmp_path):
+    # Debian's python3 links libpython statically; its shared one (package libpython3.11) is in
+    # /usr/lib/x86_64-linux-gnu, where the interpreter's sysconfig says it is.
+    venv = make_venv("/usr/bin/python3.11", tmp_path / "venv")
+    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "--no-index",
+                        "--find-links", str(DIST), "--find-links", str(deps), "airhost"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    env = {"HOME": str(tmp_path), "PATH": f"{venv}/bin:/usr/bin:/bin", "AIRHOST_TRACKING": "0",
+           "AIRHOST_RUNS_DIR": str(tmp_path / "runs")}
+    for prefix, lib in rank_libpythons(str(venv / "bin" / "airhost"), env, tmp_path):
+        assert prefix == str(venv)
+        assert os.path.realpath(lib) == os.path.realpath("/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0"), lib
+
+
+def test_a_venv_made_with_copies_and_a_user_install_find_their_pythons_libpython(deps, tmp_path):
+    # --copies: the venv's python is no link to follow; pyvenv.cfg's home names the base.
+    base = find_python("3.12")
+    libdir = os.path.realpath(os.path.join(os.path.dirname(os.path.realpath(base)), "..", "lib"))
+    venv = tmp_path / "venv"
+    r = subprocess.run([base, "-m", "venv", "--copies", str(venv)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert not (venv / "bin" / "python3.12").is_symlink()
+    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "--no-index",
+                        "--find-links", str(DIST), "--find-links", str(deps), "airhost"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    env = {"HOME": str(tmp_path), "PATH": f"{venv}/bin:/usr/bin:/bin", "AIRHOST_TRACKING": "0",
+           "AIRHOST_RUNS_DIR": str(tmp_path / "runs")}
+    for prefix, lib in rank_libpythons(str(venv / "bin" / "airhost"), env, tmp_path):
+        assert prefix == str(venv) and os.path.realpath(lib) == os.path.join(libdir, "libpython3.12.so.1.0"), (prefix, lib)
+    # pip install --user: airhost in ~/.local/bin, the rank's half in ~/.local/lib/airhost, and
+    # no python beside them: the python3.12 on PATH is the one.
+    user = tmp_path / "userbase"
+    env_user = {"HOME": str(tmp_path), "PYTHONUSERBASE": str(user), "AIRHOST_TRACKING": "0",
+                "PATH": f"{user}/bin:{os.path.dirname(base)}:/usr/bin:/bin", "AIRHOST_RUNS_DIR": str(tmp_path / "runs2")}
+    r = subprocess.run([base, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--user", "--no-index",
+                        "--find-links", str(DIST), "--find-links", str(deps), "airhost"], env=env_user,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (user / "lib" / "airhost" / "libairhost-rank-py.so").is_file()
+    for prefix, lib in rank_libpythons(str(user / "bin" / "airhost"), env_user, tmp_path):
+        assert os.path.realpath(lib) == os.path.join(libdir, "libpython3.12.so.1.0"), (prefix, lib)
+    r = subprocess.run([base, "-c", API_SCRIPT], env=env_user, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0 and "values [(10, (3, 12)), (20, (3, 12))]" in r.stdout, r.stdout + r.stderr
