@@ -15,6 +15,7 @@ import socket
 import struct
 import sys
 import time
+import traceback
 
 import _airhost_rank
 
@@ -47,16 +48,49 @@ def encode(kind, fields):
     return struct.pack("<IHHQ", MAGIC, kind, 0, len(body)) + body
 
 
+# A request larger than this is no request of airhost's (a hello carries the launch's
+# environment, a start its argv): the client is dropped before its bytes pile up.
+MAX_FRAME = 16 << 20
+
+
+class MalformedRequest(ValueError):
+    """Bytes on the socket that are no request of airhost's: the client is dropped, the server
+    serves on."""
+
+
 def decode_fields(body):
+    """The fields of a request's body; MalformedRequest for anything else (a length past the
+    end, a name that is not UTF-8), never an IndexError or a struct.error."""
     fields, i = {}, 0
     while i < len(body):
+        if i + 4 > len(body):
+            raise MalformedRequest(f"a field name's length cut off at byte {i}")
         (n,) = struct.unpack_from("<I", body, i)
-        name = body[i + 4 : i + 4 + n].decode()
+        if i + 4 + n + 8 > len(body):
+            raise MalformedRequest(f"a field name of {n} bytes runs past the end ({len(body)} bytes)")
+        try:
+            name = body[i + 4 : i + 4 + n].decode()
+        except UnicodeDecodeError as e:
+            raise MalformedRequest(f"a field name is not UTF-8 ({e})") from None
         i += 4 + n
         (m,) = struct.unpack_from("<Q", body, i)
+        if i + 8 + m > len(body):
+            raise MalformedRequest(f"field {name!r} of {m} bytes runs past the end ({len(body)} bytes)")
         fields[name] = body[i + 8 : i + 8 + m]
         i += 8 + m
     return fields
+
+
+def text_field(fields, name, default=None):
+    """A field as text; MalformedRequest when it is missing (and no default) or not UTF-8."""
+    if name not in fields:
+        if default is None:
+            raise MalformedRequest(f"no {name!r} field")
+        return default
+    try:
+        return fields[name].decode()
+    except UnicodeDecodeError as e:
+        raise MalformedRequest(f"field {name!r} is not UTF-8 ({e})") from None
 
 
 def process_attributes():
@@ -373,8 +407,11 @@ class Server:
                 sig = -code if code < 0 else 0
                 conn.send(EXITED, {"pid": pid, "status": 0 if sig else code, "signal": sig})
 
-    def drop(self, c):
-        # The host is gone (or done): whatever of its ranks still runs must not outlive it.
+    def drop(self, c, why=""):
+        # The host is gone (or done), or the client sent what no host sends: whatever of its
+        # ranks still runs must not outlive it.
+        if why:
+            print(f"airhost warm server {os.getpid()}: dropped a client: {why}", file=sys.stderr, flush=True)
         for pid in list(c.ranks):
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -398,14 +435,19 @@ class Server:
         c.buf += data
         while len(c.buf) >= 16:
             magic, kind, _, length = struct.unpack_from("<IHHQ", c.buf)
-            if magic != MAGIC:
-                self.drop(c)
+            if magic != MAGIC or length > MAX_FRAME:
+                self.drop(c, "not an airhost request" if magic != MAGIC else f"a request of {length} bytes")
                 return None
             if len(c.buf) < 16 + length:
                 break
-            fields = decode_fields(c.buf[16 : 16 + length])
-            c.buf = c.buf[16 + length :]
-            job = self.handle(c, kind, fields)
+            body, c.buf = c.buf[16 : 16 + length], c.buf[16 + length :]
+            # No request, however malformed, ends the server: the client that sent it is dropped.
+            # (A forked rank never comes back here with an exception: fork() ends it instead.)
+            try:
+                job = self.handle(c, kind, decode_fields(body))
+            except MalformedRequest as e:
+                self.drop(c, str(e))
+                return None
             if job is not None:
                 return job
         return None
@@ -414,7 +456,7 @@ class Server:
         if self.stopping:
             return "the warm server is stopping"
         if "env" in fields:
-            want = start_vars(dict(kv.split("=", 1) for kv in fields["env"].decode().split("\0") if "=" in kv))
+            want = start_vars(dict(kv.split("=", 1) for kv in text_field(fields, "env").split("\0") if "=" in kv))
             have = start_vars(self.env_at_start)
             for k in sorted(set(want) | set(have)):
                 if want.get(k) != have.get(k):
@@ -454,7 +496,8 @@ class Server:
             c.send(STOPPING, {"pid": os.getpid(), "ranks": len(self.children)})
             return None
         if kind == START:
-            rank = fields.get("rank", b"?").decode()
+            rank = text_field(fields, "rank", "?")
+            text_field(fields, "argv"), text_field(fields, "env"), text_field(fields, "cwd", "")  # before any fork
             if len(c.fds) < 3:
                 c.send(START_FAILED, {"rank": rank, "reason": "the start request came without its 3 descriptors"})
                 return None
@@ -475,8 +518,12 @@ class Server:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            os.close(ready_r)
-            return self.become_rank(fields, fds, ready_w)
+            try:
+                os.close(ready_r)
+                return self.become_rank(fields, fds, ready_w)
+            except BaseException:  # never back into the server's loop as a second server
+                traceback.print_exc()
+                os._exit(1)
         os.close(ready_w)
         for fd in fds:
             os.close(fd)

@@ -177,3 +177,77 @@ def test_the_terminals_signals_reach_the_host_not_its_mlflow_helper(airhost_bin,
     found = client.search_runs([client.get_experiment_by_name(key).experiment_id])
     assert [r.info.status for r in found] == [status], out
     assert found[0].info.end_time, "the helper ended the run"
+
+
+def warm_frame(kind: int, fields: dict[str, bytes], magic: int) -> bytes:
+    import struct
+
+    body = b"".join(struct.pack("<I", len(k)) + k + struct.pack("<Q", len(v)) + v for k, v in
+                    ((k.encode(), v) for k, v in fields.items()))
+    return struct.pack("<IHHQ", magic, kind, 0, len(body)) + body
+
+
+def test_the_warm_server_outlives_thousands_of_malformed_and_truncated_requests(airhost, tmp_path):
+    # The warm server's socket takes requests from any process of the user: none of them, however
+    # malformed (a length past the end, a name not UTF-8, a frame announcing 2^60 bytes, a start
+    # with no argv, a client gone mid-frame), may end the server; the next launch still forks from it.
+    import random
+    import re
+    import struct
+
+    magic = int(re.search(r"^MAGIC = (\S+)", (ROOT / "runtime" / "warm.py").read_text(), re.M).group(1), 0)
+    state = tmp_path / "state"
+    env = airhost.env(tmp_path / "runs", {"AIRHOST_STATE_DIR": str(state)})
+    r = subprocess.run([airhost.binary, "warm", "start", "--preload", "none"], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    sock = state / "warm.sock"
+    try:
+        hello = warm_frame(1, {"version": b"0", "env": b"A=1\0B=2"}, magic)
+        crafted = [
+            struct.pack("<IHHQ", magic, 1, 0, 5) + b"\xff\xff\xff\xff\x00",  # a name's length past the end
+            struct.pack("<IHHQ", magic, 1, 0, 4) + b"\x02\x00\x00\x00",      # cut off
+            struct.pack("<IHHQ", magic, 1, 0, 14) + struct.pack("<I", 2) + b"\xff\xfe" + struct.pack("<Q", 0),  # a name not UTF-8
+            warm_frame(1, {"env": b"\xff\xfe=\x80"}, magic),                   # env not UTF-8
+            warm_frame(3, {"rank": b"\xff"}, magic),                           # a start: no argv, no descriptors
+            warm_frame(99, {}, magic),                                        # a kind of a later version
+            struct.pack("<IHHQ", magic, 1, 0, 1 << 60),                        # 2^60 bytes announced
+            struct.pack("<IHHQ", 0xDEADBEEF, 1, 0, 0),                         # not airhost's
+            hello[:7], hello[:20],                                             # gone mid-frame
+        ]
+        rng = random.Random(32)
+        mutated = []
+        for _ in range(3000):
+            b = bytearray(rng.choice([hello, *crafted]))
+            for _ in range(rng.randint(1, 6)):
+                if b and rng.random() < 0.7:
+                    b[rng.randrange(len(b))] = rng.randrange(256)
+                else:
+                    b[rng.randrange(len(b) + 1):rng.randrange(len(b) + 1)] = bytes(rng.randrange(256) for _ in range(rng.randint(0, 9)))
+            mutated.append(bytes(b))
+        for request in crafted + mutated:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(sock))
+            s.settimeout(5)
+            try:
+                s.sendall(request)
+                s.shutdown(socket.SHUT_WR)
+                while s.recv(65536):
+                    pass
+            except OSError:
+                pass
+            s.close()
+        status = subprocess.run([airhost.binary, "warm", "status"], env=env, capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0 and "warm server pid" in status.stdout, status.stdout + status.stderr
+        # And it still forks ranks for a launch.
+        (tmp_path / "hello.py").write_text("import os\nprint('rank', os.environ['RANK'], 'up', flush=True)\n")
+        run = subprocess.run([airhost.binary, str(tmp_path / "hello.py"), "-n", "2"], env=env, capture_output=True,
+                             text=True, timeout=120, cwd=tmp_path)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "warm start" in run.stderr, run.stderr
+        assert "[rank 1] rank 1 up" in run.stdout
+        log = (state / "warm.log").read_text()
+        assert "Traceback" not in log, log[-3000:]
+        assert "dropped a client" in log
+    finally:
+        subprocess.run([airhost.binary, "warm", "stop"], env=env, capture_output=True, timeout=60)
