@@ -251,3 +251,56 @@ def test_the_warm_server_outlives_thousands_of_malformed_and_truncated_requests(
         assert "dropped a client" in log
     finally:
         subprocess.run([airhost.binary, "warm", "stop"], env=env, capture_output=True, timeout=60)
+
+
+def test_node_0_outlives_a_flood_of_junk_on_its_port_during_the_join(airhost, tmp_path):
+    # Node 0 listens for the other nodes before any rank starts: 1,000 connections that send
+    # random bytes, frame headers announcing terabytes, 100 KB of noise or nothing at all leave
+    # it waiting for the real node 1, and the job then runs on both.
+    import random
+    import struct
+
+    from conftest import free_port
+
+    port = free_port()
+    (tmp_path / "hello.py").write_text("import os\nprint('rank', os.environ['RANK'], 'up', flush=True)\n")
+    common = [str(tmp_path / "hello.py"), "-n", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port",
+              str(port), "--join-timeout", "120", "--cold"]
+    env = airhost.env(tmp_path / "runs")
+    err_path = tmp_path / "node0.stderr"
+    node0 = subprocess.Popen([airhost.binary, *common, "--node-rank", "0"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=open(err_path, "w"), cwd=tmp_path)
+    try:
+        def listening():
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+        wait_for(listening, 30, "node 0 listening")
+        rng = random.Random(7)
+        for _ in range(1000):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            try:
+                pick = rng.random()
+                if pick < 0.3:
+                    s.sendall(bytes(rng.randrange(256) for _ in range(rng.randint(0, 64))))
+                elif pick < 0.6:
+                    s.sendall(struct.pack("<IHHQ", rng.randrange(1 << 32), rng.randrange(1 << 16), 0, rng.randrange(1 << 40)))
+                elif pick < 0.8:
+                    s.sendall(rng.randbytes(rng.randint(1000, 100_000)))
+            except OSError:
+                pass  # node 0 may close on us mid-send: that is its right
+            s.close()
+        assert node0.poll() is None, "node 0 died of the flood"
+        node1 = subprocess.run([airhost.binary, *common, "--node-rank", "1"], env=env, capture_output=True, text=True,
+                               timeout=180, cwd=tmp_path)
+        node0.wait(timeout=180)
+        err0 = err_path.read_text()
+    finally:
+        if node0.poll() is None:
+            node0.kill()
+    assert node1.returncode == 0, node1.stdout + node1.stderr
+    assert node0.returncode == 0, err0[-3000:]
+    assert "[rank 1] rank 1 up" in node1.stdout
+    assert "ignored a connection from 127.0.0.1: it does not speak airhost's node link" in err0
