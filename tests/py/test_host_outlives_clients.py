@@ -60,9 +60,24 @@ def test_a_malformed_stacks_request_gets_one_error_and_the_run_goes_on(airhost, 
                     b"hello\n" + b"\n" * 300, b"stacks sample=99999999999999999999\n" + bytes(range(256))):
         answer = ask(sock, request)
         assert answer.count(b"error:") == 1 and answer.endswith(b"\n"), answer[:300]
-    # Clients that leave at once, before any answer: the host neither dies nor stops serving.
-    for _ in range(50):
-        ask(sock, b"stacks\n", read=False)
+    # 2,000 more: random bytes with and without a line's end, oversized lines, requests cut
+    # off, and clients that leave at once, before any answer. The host neither dies nor stops
+    # serving; a request it can parse is answered once.
+    import random
+
+    rng = random.Random(32)
+    for i in range(2000):
+        pick = rng.random()
+        if pick < 0.4:
+            junk = bytes(rng.randrange(256) for _ in range(rng.randint(0, 300))).replace(b"stacks", b"")
+            answer = ask(sock, junk + b"\n")
+            assert answer.count(b"error:") <= 1, answer[:200]
+        elif pick < 0.6:
+            ask(sock, b"x" * rng.randint(257, 5000), read=False)  # a line that never ends
+        elif pick < 0.8:
+            ask(sock, b"stacks sample=" + str(rng.randint(-10**6, 99)).encode() + b"\n", read=False)
+        else:
+            ask(sock, b"stacks\n" if i % 40 == 0 else b"stac", read=False)
     answer = ask(sock, b"stacks\n")
     assert b"2 ranks in 1 group" in answer and b"sleeper.py:6" in answer, answer
     (gate / "release").touch()
