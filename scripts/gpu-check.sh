@@ -154,7 +154,7 @@ build_offline() {
   pybind11_dir=$("$PY" -m pybind11 --cmakedir)
   # No pkg-config and no system libuv or toml++ needed: the bundle's, named to CMake.
   CMAKE_BUILD_PARALLEL_LEVEL=$NPROC PKG_CONFIG=/nonexistent-pkg-config \
-  CMAKE_ARGS="-DAIRHOST_LIBUV_DIR=$BUNDLE/libuv -DCMAKE_PREFIX_PATH=$BUNDLE -Dpybind11_DIR=$pybind11_dir" \
+  CMAKE_ARGS="-DAIRHOST_LIBUV_DIR=$BUNDLE/libuv -DAIRHOST_TOMLPP_INCLUDE=$BUNDLE/include -Dpybind11_DIR=$pybind11_dir" \
     "$PY" -m pip install -v --no-index --no-build-isolation --no-deps --disable-pip-version-check \
       --config-settings=build-dir="${AIRHOST_GPU_CHECK_BUILD_DIR:-$ROOT/build/gpu-check-build}" --config-settings=build.tool-args=-k0 "$ROOT" || return 1
   [ -x "$AIRHOST" ] || { echo "pip install . left no $AIRHOST" >&2; return 1; }

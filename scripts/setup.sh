@@ -6,11 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need_pkgs=()
-build_pkgs=(g++ cmake pkg-config libuv1-dev libtomlplusplus-dev doctest-dev pybind11-dev python3-venv)
+build_pkgs=(g++ cmake pkg-config libuv1-dev libtomlplusplus-dev doctest-dev pybind11-dev python3-venv patch)
 # The tests start a real Slurm (tests/py/test_slurm.py): its daemons and munge; iproute2
 # for the network namespaces of its two nodes and of the multi-node tests (test_netns.py);
 # patch and binutils (readelf) for the offline GPU bundle rehearsal (test_gpu_offline.py).
-if [ "${AIRHOST_SETUP_TEST_DEPS:-0}" = 1 ]; then build_pkgs+=(slurm-wlm munge iproute2 patch binutils); fi
+# clang-16 with its runtime: libFuzzer and the sanitizers of scripts/fuzz.sh.
+if [ "${AIRHOST_SETUP_TEST_DEPS:-0}" = 1 ]; then build_pkgs+=(slurm-wlm munge iproute2 patch binutils clang-16 libclang-rt-16-dev); fi
 for pkg in "${build_pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
@@ -27,6 +28,10 @@ if ((${#need_pkgs[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}"
 fi
+
+# libuv's and toml++'s sources (Debian's, their patches applied, and toml++'s fix of upstream
+# issue 295) into third_party/: the build below and every later one use them, the sdist too.
+[ -f third_party/tomlplusplus/include/toml++/toml.h ] && [ -f third_party/libuv/CMakeLists.txt ] || scripts/vendor-deps.sh
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
