@@ -65,6 +65,34 @@ std::string time_name(double t) {
 
 }  // namespace
 
+StacksRequest parse_stacks_request(std::string_view line) {
+  StacksRequest r;
+  std::size_t at = 0;
+  while (at < line.size()) {
+    const auto start = line.find_first_not_of(" \t\r", at);
+    if (start == std::string_view::npos) break;
+    const auto end = std::min(line.find_first_of(" \t\r", start), line.size());
+    const std::string_view word = line.substr(start, end - start);
+    at = end;
+    if (word == "stacks") r.stacks = true;
+    else if (word == "json") r.json = true;
+    else if (word == "all-threads") r.all_threads = true;
+    else if (word.substr(0, 7) == "sample=") {
+      // Digits only, at most 12 of them (over an hour is refused anyway): no sign, no
+      // overflow; anything else asks for a sampling that is out of range.
+      const std::string_view digits = word.substr(7);
+      long ms = 0;
+      bool ok = !digits.empty() && digits.size() <= 12;
+      for (std::size_t i = 0; ok && i < digits.size(); ++i) {
+        if (digits[i] < '0' || digits[i] > '9') ok = false;
+        else ms = ms * 10 + (digits[i] - '0');
+      }
+      r.sample_ms = ok ? ms : -1;
+    }
+  }
+  return r;
+}
+
 std::size_t socket_address(const std::string& dir, const std::string& name, sockaddr_un& addr, int& dir_fd) {
   addr = {};
   addr.sun_family = AF_UNIX;
@@ -289,16 +317,9 @@ struct StacksService::Impl {
       return;
     }
     c->taken = true;
-    std::istringstream words(c->request.substr(0, nl));
-    std::string word;
-    bool json = false, all = false, stacks = false;
-    long sample_ms = 0;
-    while (words >> word) {
-      if (word == "stacks") stacks = true;
-      else if (word == "json") json = true;
-      else if (word == "all-threads") all = true;
-      else if (word.rfind("sample=", 0) == 0) sample_ms = std::atol(word.c_str() + 7);
-    }
+    const StacksRequest req = parse_stacks_request(std::string_view(c->request).substr(0, nl));
+    const bool json = req.json, all = req.all_threads, stacks = req.stacks;
+    const long sample_ms = req.sample_ms;
     if (!stacks) return reply(c, "error: unknown request\n");
     if (sample_ms) {
       if (sample_ms < kMinSampleMs || sample_ms > kMaxSampleMs) return reply(c, "error: a sampling lasts 100 ms to 1 h\n");

@@ -31,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "launch/stacks.hpp"
@@ -41,6 +42,18 @@ namespace airhost::detail {
 inline constexpr const char* kHostSocketName = "host.sock";
 // How much longer node 0 waits for the other nodes' answers than a node waits for its ranks.
 inline constexpr long kRemoteSlackMs = 2000;
+
+// One request line of the host's socket (`airhost stacks [--json] [--all-threads] [--sample
+// D]` sends it): the words "stacks", "json", "all-threads", "sample=MS", in any order; words it
+// does not know are skipped (a newer client's). Pure: bytes from any local process of the
+// user's come through it (tests/fuzz/fuzz_stacks_request.cpp).
+struct StacksRequest {
+  bool stacks = false;      // the request names what it wants; anything else is refused
+  bool json = false;
+  bool all_threads = false;
+  long sample_ms = 0;       // 0: a snapshot; otherwise a sampling that long (may be out of range)
+};
+StacksRequest parse_stacks_request(std::string_view line);
 
 // A unix socket address for `dir`/`name`, also where the path is longer than sun_path holds
 // (a deep run directory): then through /proc/self/fd/N of the directory, opened into

@@ -242,3 +242,32 @@ TEST_CASE("a client that leaves before its answer cannot kill a program whose SI
     }
   }
 }
+
+TEST_CASE("a stacks request line: its words in any order, unknown ones skipped, a sampling only of digits") {
+  struct Case {
+    const char* line;
+    bool stacks, json, all;
+    long sample_ms;
+  };
+  const Case cases[] = {
+      {"stacks", true, false, false, 0},
+      {"stacks json", true, true, false, 0},
+      {"json all-threads stacks", true, true, true, 0},
+      {"  stacks\tsample=1500  json\r", true, true, false, 1500},
+      {"stacks sample=0", true, false, false, 0},
+      {"stacks sample=", true, false, false, -1},
+      {"stacks sample=-5", true, false, false, -1},
+      {"stacks sample=12abc", true, false, false, -1},
+      {"stacks sample=99999999999999999999", true, false, false, -1},  // no overflow
+      {"stacks newer-word=1", true, false, false, 0},
+      {"stack", false, false, false, 0},
+      {"", false, false, false, 0},
+  };
+  for (const Case& c : cases) {
+    const StacksRequest r = parse_stacks_request(c.line);
+    CHECK_MESSAGE(r.stacks == c.stacks, c.line);
+    CHECK_MESSAGE(r.json == c.json, c.line);
+    CHECK_MESSAGE(r.all_threads == c.all, c.line);
+    CHECK_MESSAGE(r.sample_ms == c.sample_ms, c.line);
+  }
+}
