@@ -15,6 +15,11 @@ cmake -S . -B build/dev -G Ninja -DAIRHOST_BUILD_PYTHON=OFF -DPython3_EXECUTABLE
 cmake --build build/dev -j "$(nproc)"
 (cd build/dev && ctest --output-on-failure)
 
+# Every parser of outside bytes under libFuzzer, AddressSanitizer and UBSan, from its corpus
+# (tests/fuzz/), a fixed number of runs from a fixed seed: the same inputs each time; a longer
+# search is `scripts/fuzz.sh SECONDS`. AIRHOST_TEST_FUZZ=0 skips this.
+if [ "${AIRHOST_TEST_FUZZ:-1}" = 1 ]; then scripts/fuzz.sh; fi
+
 # The sdist and a wheel per CPython 3.10-3.13, as users install them: tests/py/test_wheels.py
 # installs each into a fresh venv with no compiler in reach (AIRHOST_TEST_WHEELS=0 skips this).
 if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then
