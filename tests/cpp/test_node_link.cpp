@@ -167,13 +167,13 @@ TEST_CASE("an unresolvable master address is named, a numeric one resolves") {
 
 TEST_CASE("two nodes join, tell each other of a failure, and node 0 relays nothing back") {
   const int port = free_port();
+  Downs at_zero, at_one;  // before the links: their threads call into these until they end
   auto [zero, one] = joined_pair(port);
   REQUIRE(zero);
   REQUIRE(one);
   CHECK(zero->nodes().size() == 2);
   CHECK(zero->nodes()[1].address == "127.0.0.1");
   CHECK(one->nodes()[0].address == "127.0.0.1");
-  Downs at_zero, at_one;
   zero->start(at_zero.callback());
   one->start(at_one.callback());
 
@@ -194,8 +194,8 @@ TEST_CASE("two nodes join, tell each other of a failure, and node 0 relays nothi
 
 TEST_CASE("a node whose connection closes without a word is lost at once") {
   const int port = free_port();
+  Downs at_zero;  // before the links: their threads call into these until they end
   auto [zero, one] = joined_pair(port);
-  Downs at_zero;
   zero->start(at_zero.callback());
   one.reset();  // never started, never said anything: like an airhost that was SIGKILLed
   REQUIRE(eventually([&] { return at_zero.get().size() == 1; }, 900ms));  // well before node_timeout
@@ -205,12 +205,12 @@ TEST_CASE("a node whose connection closes without a word is lost at once") {
 
 TEST_CASE("a node that stays silent for node_timeout is lost") {
   const int port = free_port();
+  Downs at_zero;  // before the link: its thread calls into it until it ends
   auto zero = std::async(std::launch::async, [port] { return NodeLink::join(config(0, 2, 2, port), {}); });
   // A node that joins, then never sends another byte (cut off from the network).
   const int fd =
       raw_peer(port, encode_frame(static_cast<std::uint16_t>(LinkKind::hello), encode_hello(node(1, 2, 2, "mute"))));
   auto link = zero.get();
-  Downs at_zero;
   const auto t0 = std::chrono::steady_clock::now();
   link->start(at_zero.callback());
   REQUIRE(eventually([&] { return !at_zero.get().empty(); }, 4s));
@@ -225,8 +225,8 @@ TEST_CASE("a node whose host loop stops turning tells the others it is down, and
   // Issue 22: the link's thread kept beating for a node whose loop was frozen, so the other
   // nodes waited on ranks that nothing watched. Node 1's loop turns for a while, then stops.
   const int port = free_port();
+  Downs at_zero, at_one;  // before the links: their threads call into these until they end
   auto [zero, one] = joined_pair(port);
-  Downs at_zero, at_one;
   zero->start(at_zero.callback());
   one->start(at_one.callback());
   for (int i = 0; i < 10; ++i) {  // a loop that turns keeps the node in: 1.5 s, over node_timeout
@@ -251,8 +251,8 @@ TEST_CASE("a node whose host loop stops turning tells the others it is down, and
 
 TEST_CASE("a loop that is not watched, or that turns, never stops the heartbeats") {
   const int port = free_port();
+  Downs at_zero;  // before the links: their threads call into these until they end
   auto [zero, one] = joined_pair(port);
-  Downs at_zero;
   zero->start(at_zero.callback());
   one->start({});
   one->loop_alive();
@@ -445,10 +445,10 @@ TEST_CASE("node 0 sends its shared file to every node once it exists, where it i
   auto c1 = config(1, 2, 1, port);
   c0.shared_file = dir + "/node0-tracking.env";
   c1.shared_file = dir + "/node1-tracking.env";
+  Downs at_zero, at_one;  // before the links: their threads call into these until they end
   auto zero_join = std::async(std::launch::async, [&] { return NodeLink::join(c0, {}); });
   auto one = NodeLink::join(c1, {});
   auto zero = zero_join.get();
-  Downs at_zero, at_one;
   zero->start(at_zero.callback());
   one->start(at_one.callback());
   std::this_thread::sleep_for(400ms);  // a few heartbeats: no file yet, nothing sent
