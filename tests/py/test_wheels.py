@@ -105,6 +105,14 @@ def user_env(venv: Path, bare: Path, tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def pip_install_airhost(pip: list[str], deps: Path, env: dict[str, str] | None = None) -> None:
+    """`pip install --no-index` of airhost from dist/ alone, its two needs from `deps`: what a user
+    on a node without network does. `pip` is the command and any options of its own ("--user")."""
+    r = subprocess.run([*pip, "-q", "--disable-pip-version-check", "--no-index", "--find-links", str(DIST),
+                        "--find-links", str(deps), "airhost"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def make_venv(python: str, where: Path) -> Path:
     r = subprocess.run([python, "-m", "venv", str(where)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -168,9 +176,7 @@ def test_the_wheel_installs_with_no_compiler_and_runs_a_script_the_api_and_docto
     env = user_env(venv, bare_path, tmp_path)
     for tool in ("cc", "c++", "gcc", "g++", "clang", "cmake", "pkg-config", "ninja"):
         assert shutil.which(tool, path=env["PATH"]) is None, f"{tool} is reachable; the install must not need it"
-    r = subprocess.run(["pip", "install", "-q", "--disable-pip-version-check", "--no-index", "--find-links", str(DIST),
-                        "--find-links", str(deps), "airhost"], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    pip_install_airhost(["pip", "install"], deps, env)
     assert (venv / "lib" / "airhost" / "libairhost-rank-py.so").is_file()
     check_runs(venv, env, tmp_path, v)
 
@@ -183,9 +189,7 @@ def test_the_wheel_runs_the_ddp_example_on_4_ranks_over_gloo(deps, bare_path, tm
                         "numpy"], capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     env = user_env(venv, bare_path, tmp_path)
-    r = subprocess.run(["pip", "install", "-q", "--disable-pip-version-check", "--no-index", "--find-links", str(DIST),
-                        "--find-links", str(deps), "airhost"], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    pip_install_airhost(["pip", "install"], deps, env)
     # The CLI (exit 0 only when the loss converged), then the same through @distributed, which
     # also checks that the 4 ranks end with the same weights.
     r = subprocess.run(["airhost", str(REPO / "examples" / "mlp_ddp.py"), "--accelerators", "4"],
@@ -237,9 +241,7 @@ def test_a_python_with_no_shared_libpython_is_told_so_in_one_sentence(deps, bare
     # of its own.
     venv = make_venv(find_python("3.11"), tmp_path / "venv")
     env = user_env(venv, bare_path, tmp_path)
-    r = subprocess.run(["pip", "install", "-q", "--disable-pip-version-check", "--no-index", "--find-links", str(DIST),
-                        "--find-links", str(deps), "airhost"], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    pip_install_airhost(["pip", "install"], deps, env)
     fake = tmp_path / "fake-static" / "bin"
     fake.mkdir(parents=True)
     (fake / "sitecustomize.py").write_text("import sysconfig\nsysconfig.get_config_vars()['Py_ENABLE_SHARED'] = 0\n")
@@ -306,10 +308,7 @@ def test_over_debians_python3_the_ranks_embed_debians_libpython_from_its_multiar
     # Debian's python3 links libpython statically; its shared one (package libpython3.11) is in
     # /usr/lib/x86_64-linux-gnu, where the interpreter's sysconfig says it is.
     venv = make_venv("/usr/bin/python3.11", tmp_path / "venv")
-    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "--no-index",
-                        "--find-links", str(DIST), "--find-links", str(deps), "airhost"], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    pip_install_airhost([str(venv / "bin" / "pip"), "install"], deps)
     env = {"HOME": str(tmp_path), "PATH": f"{venv}/bin:/usr/bin:/bin", "AIRHOST_TRACKING": "0",
            "AIRHOST_RUNS_DIR": str(tmp_path / "runs")}
     for prefix, lib in rank_libpythons(str(venv / "bin" / "airhost"), env, tmp_path):
@@ -325,10 +324,7 @@ def test_a_venv_made_with_copies_and_a_user_install_find_their_pythons_libpython
     r = subprocess.run([base, "-m", "venv", "--copies", str(venv)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert not (venv / "bin" / "python3.12").is_symlink()
-    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", "--no-index",
-                        "--find-links", str(DIST), "--find-links", str(deps), "airhost"], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    pip_install_airhost([str(venv / "bin" / "pip"), "install"], deps)
     env = {"HOME": str(tmp_path), "PATH": f"{venv}/bin:/usr/bin:/bin", "AIRHOST_TRACKING": "0",
            "AIRHOST_RUNS_DIR": str(tmp_path / "runs")}
     for prefix, lib in rank_libpythons(str(venv / "bin" / "airhost"), env, tmp_path):
@@ -338,10 +334,7 @@ def test_a_venv_made_with_copies_and_a_user_install_find_their_pythons_libpython
     user = tmp_path / "userbase"
     env_user = {"HOME": str(tmp_path), "PYTHONUSERBASE": str(user), "AIRHOST_TRACKING": "0",
                 "PATH": f"{user}/bin:{os.path.dirname(base)}:/usr/bin:/bin", "AIRHOST_RUNS_DIR": str(tmp_path / "runs2")}
-    r = subprocess.run([base, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--user", "--no-index",
-                        "--find-links", str(DIST), "--find-links", str(deps), "airhost"], env=env_user,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
+    pip_install_airhost([base, "-m", "pip", "install", "--user"], deps, env_user)
     assert (user / "lib" / "airhost" / "libairhost-rank-py.so").is_file()
     for prefix, lib in rank_libpythons(str(user / "bin" / "airhost"), env_user, tmp_path):
         assert os.path.realpath(lib) == os.path.join(libdir, "libpython3.12.so.1.0"), (prefix, lib)
