@@ -1,6 +1,7 @@
 #include "base/util.hpp"
 
 #include <poll.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -155,6 +156,15 @@ std::string bytes_text(double bytes) {
   char out[64];
   std::snprintf(out, sizeof out, bytes == std::floor(bytes) ? "%.0f %s" : "%.1f %s", bytes, units[u]);
   return out;
+}
+
+HelperSpawnAttr::HelperSpawnAttr() {
+  posix_spawnattr_init(&attr_);
+  posix_spawnattr_setpgroup(&attr_, 0);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr_, &none);
+  posix_spawnattr_setflags(&attr_, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
 }
 
 }  // namespace airhost::detail

@@ -1,6 +1,8 @@
 // util.hpp — small system helpers shared by the host's files.
 #pragma once
 
+#include <spawn.h>
+
 #include <string>
 #include <string_view>
 #include <utility>
@@ -32,5 +34,21 @@ std::string shell_quote(const std::string& text);
 // Runs `command` with /bin/sh and collects its stdout into `out`; returns its wait status
 // (0 = exited 0), or -1 when it could not be started.
 int run_capture(const std::string& command, std::string& out);
+
+// posix_spawn attributes of a helper the host starts and ends itself (the CLI's MLflow helper,
+// the flight recorder's summary): a process group of its own, so that the terminal's Ctrl-C and
+// Ctrl-\ (sent to the foreground group) reach the host and not the helper, and an empty signal
+// mask, whatever the calling thread blocks.
+class HelperSpawnAttr {
+ public:
+  HelperSpawnAttr();
+  ~HelperSpawnAttr() { posix_spawnattr_destroy(&attr_); }
+  HelperSpawnAttr(const HelperSpawnAttr&) = delete;
+  HelperSpawnAttr& operator=(const HelperSpawnAttr&) = delete;
+  const posix_spawnattr_t* get() const noexcept { return &attr_; }
+
+ private:
+  posix_spawnattr_t attr_;
+};
 
 }  // namespace airhost::detail

@@ -129,16 +129,9 @@ TrackingRun TrackingRun::start(const std::string& python, const std::string& run
   // which would kill the helper (SIGQUIT dumps core) before it marks the run, leaving it
   // RUNNING. It ends when the host says so: the status line, or EOF when the host is gone.
   // It starts with an empty signal mask, whatever the calling thread blocks.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setpgroup(&attr, 0);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
+  const HelperSpawnAttr attr;
   pid_t pid = -1;
-  const int rc = ::posix_spawnp(&pid, py.c_str(), &actions, &attr, const_cast<char* const*>(argv.data()), environ);
-  posix_spawnattr_destroy(&attr);
+  const int rc = ::posix_spawnp(&pid, py.c_str(), &actions, attr.get(), const_cast<char* const*>(argv.data()), environ);
   posix_spawn_file_actions_destroy(&actions);
   ::unsetenv("AIRHOST_MLFLOW_RESUME");  // the helper's alone, not the ranks'
   ::close(pipefd[0]);

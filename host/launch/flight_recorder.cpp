@@ -109,16 +109,9 @@ std::string flight_recorder_summary(const std::string& python, const std::string
   std::vector<const char*> argv{py.c_str(), "-I", "-c", kFlightRecorderSource, stacks_dir.c_str(), prefix.c_str(), nullptr};
   // Out of the terminal's signals (a group of its own), with an empty signal mask: a helper
   // of the host's, ended by the host (the limit below), as the MLflow helper is.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setpgroup(&attr, 0);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
+  const HelperSpawnAttr attr;
   pid_t pid = 0;
-  const int rc = ::posix_spawnp(&pid, py.c_str(), &actions, &attr, const_cast<char* const*>(argv.data()), environ);
-  posix_spawnattr_destroy(&attr);
+  const int rc = ::posix_spawnp(&pid, py.c_str(), &actions, attr.get(), const_cast<char* const*>(argv.data()), environ);
   posix_spawn_file_actions_destroy(&actions);
   ::close(out[1]);
   if (rc != 0) {
