@@ -81,7 +81,10 @@ std::string_view view(const py::bytes& b) {
 //
 // On stacks_signal() the rank rewrites its dump file from the signal handler itself, as
 // faulthandler does: CPython's thread states are walked without the GIL, so a rank stuck in
-// a C call that holds it (or in a deadlock) answers too. Only async-signal-safe calls below.
+// a C call that holds it (or in a deadlock) answers too. The walk itself runs in a task of its
+// own that shares the rank's memory (base/fault_guard.hpp): a fault while the other threads
+// change what it reads ends that task, never the rank, and the rank's own SIGSEGV handlers
+// (faulthandler's) are never touched. Only async-signal-safe calls below.
 
 using DumpThreads = const char* (*)(int fd, PyInterpreterState* interp, PyThreadState* current);
 DumpThreads dump_threads = nullptr;
@@ -123,6 +126,7 @@ void dump_into_file(void*) {
 }
 
 constexpr int kDumpTries = 5;
+constexpr int kDumpLimitMs = 500;  // a read that takes longer is stuck (a cycle in memory being rewritten)
 
 void on_stacks_signal(int, siginfo_t* info, void*) {
   const int saved = errno;
@@ -135,7 +139,7 @@ void on_stacks_signal(int, siginfo_t* info, void*) {
         do {
           stacks_seq = stacks_wanted.load();
           bool whole = false;
-          for (int tries = 0; !whole && tries < kDumpTries; ++tries) whole = airhost::detail::read_guarded(dump_into_file, nullptr);
+          for (int tries = 0; !whole && tries < kDumpTries; ++tries) whole = airhost::detail::read_guarded(dump_into_file, nullptr, kDumpLimitMs);
           if (!whole) {
             put("error: the stacks kept changing while they were read (threads running Python); ask again\n");
           }

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -45,7 +46,9 @@ TEST_CASE("a guarded read that faults returns false, and the handlers before it 
   ::sigaction(SIGBUS, nullptr, &before_bus);
 
   int value = 7;
+  const int sunk = sink;
   CHECK(read_guarded(read_fine, &value));
+  CHECK(sink == sunk + 7);  // the read ran in this process's memory
   CHECK_FALSE(read_guarded(read_forbidden, nullptr));
   CHECK_FALSE(read_guarded(read_forbidden, nullptr));  // again: the jump back left nothing blocked
   CHECK(read_guarded(read_fine, &value));
@@ -100,4 +103,57 @@ TEST_CASE("another thread's fault during a guarded read is not swallowed: the ha
   REQUIRE(::waitpid(child, &status, 0) == child);
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 42);
+}
+
+TEST_CASE("a handler installed by another thread during a guarded read stays; one the read installs stays in the read") {
+  static std::atomic<int> step{0};
+  struct sigaction before{}, theirs{}, after{};
+  ::sigaction(SIGSEGV, nullptr, &before);
+  theirs.sa_handler = [](int) { ::_exit(43); };  // what faulthandler.enable() installs, say
+  sigemptyset(&theirs.sa_mask);
+  std::thread other([&] {
+    while (step < 1) std::this_thread::yield();
+    ::sigaction(SIGSEGV, &theirs, nullptr);
+    step = 2;
+  });
+  CHECK(read_guarded([](void*) {
+    step = 1;
+    while (step < 2) {}  // the read in progress while the other thread installs its handler
+    struct sigaction mine{};
+    mine.sa_handler = SIG_IGN;
+    ::sigaction(SIGBUS, &mine, nullptr);  // the read's own disposition, not the process's
+  }, nullptr));
+  other.join();
+  ::sigaction(SIGSEGV, nullptr, &after);
+  CHECK(same_action(after, theirs));  // not undone
+  ::sigaction(SIGBUS, nullptr, &after);
+  const bool ignored = after.sa_handler == SIG_IGN;
+  CHECK_FALSE(ignored);
+  ::sigaction(SIGSEGV, &before, nullptr);
+}
+
+TEST_CASE("a read that never ends is stopped at its limit, and the next one runs") {
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_FALSE(read_guarded([](void*) { for (;;) ::pause(); }, nullptr, 200));
+  const auto took = std::chrono::steady_clock::now() - start;
+  CHECK(took >= std::chrono::milliseconds(200));
+  CHECK(took < std::chrono::seconds(3));
+  int value = 1;
+  CHECK(read_guarded(read_fine, &value));
+}
+
+TEST_CASE("a fault in a guarded read leaves no core dump and sends the process no signal") {
+  // SIGCHLD would reach a process that handles it (Python's subprocess users, an event loop).
+  static std::atomic<int> chld{0};
+  struct sigaction sa{}, old{};
+  sa.sa_handler = [](int) { ++chld; };
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGCHLD, &sa, &old);
+  ForbiddenPage page;
+  forbidden = page.p;
+  CHECK_FALSE(read_guarded(read_forbidden, nullptr));
+  int value = 1;
+  CHECK(read_guarded(read_fine, &value));
+  CHECK(chld == 0);
+  ::sigaction(SIGCHLD, &old, nullptr);
 }

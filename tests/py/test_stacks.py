@@ -424,3 +424,30 @@ def test_node_0_watches_the_whole_job_names_the_stuck_rank_on_node_1_and_every_n
     assert "no rank has made progress" not in r1.err.split("node 0")[0], r1.describe()  # node 1 does not watch
     assert r0.run_json["hang"] and r1.run_json["hang"], (r0.run_json, r1.run_json)
     assert "hung" in r1.run_json["message"] and "node 0" in r1.run_json["message"], r1.run_json
+
+
+def test_stacks_never_touch_the_ranks_own_fault_handlers(airhost, tmp_path):
+    # The reader of a rank's stacks must not swap the process's SIGSEGV handler (#32): a rank
+    # that turns faulthandler on and off while `airhost stacks` is asked 100 times keeps
+    # answering, and faulthandler, enabled at the end, still reports the rank's real crash.
+    work = tmp_path / "churn"
+    work.mkdir()
+    started = airhost.start(script("faulthandler_churn.py"), "-n", "1", "--", work)
+    env = airhost.env(started.runs_root)
+    wait_for(lambda: (work / "ready-0").exists(), 60, "the rank running")
+    answered = 0
+    for _ in range(100):
+        done = subprocess.run([airhost.binary, "stacks", "--json"], env=env, capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, done.stderr
+        rank = json.loads(done.stdout)["ranks"][0]
+        answered += rank["answered"]
+        if rank["answered"]:  # the churning threads and the main one, each named by its frames
+            assert len(rank["threads"]) == 3 and "faulthandler_churn.py" in json.dumps(rank["threads"]), rank
+    assert answered >= 95, f"{answered} of 100 answered"
+    (work / "release").touch()
+    run = started.finish(timeout=60)
+    run.assert_rc(139)
+    log = run.log(0, "stderr").decode()
+    assert "Fatal Python error: Segmentation fault" in log, log[-2000:]
+    assert "faulthandler_churn.py" in log
