@@ -54,9 +54,18 @@ void handle_signals_outside_a_run() {
   for (int sig : {SIGUSR1, SIGUSR2}) ::sigaction(sig, &sa, nullptr);
 }
 
-// A run that stopped after the scheduler's warning (run.json says "preempted") of a job
-// submitted with --requeue (AIRHOST_REQUEUE=1 in its batch script): node 0 asks Slurm to
-// requeue the job, which then runs again with the same run id and directory, and resumes.
+// Whether this node's run, if the scheduler's warning stops it, is to be requeued: a job
+// submitted with --requeue (AIRHOST_REQUEUE=1 in its batch script), node 0 (which asks Slurm).
+// Its final run.json then says "requeued" from the start (LaunchSpec::requeue_when_preempted):
+// a reader never sees it ended (Job.wait() returning, `submit --watch` exiting, a prune taking
+// its payload and join token) while the MLflow run is closed and Slurm asked.
+bool requeue_expected(int node_rank) {
+  return node_rank == 0 && !getenv_or("SLURM_JOB_ID", "").empty() && getenv_or("AIRHOST_REQUEUE", "") == "1";
+}
+
+// A run that stopped after the scheduler's warning of a job submitted with --requeue: node 0
+// asks Slurm to requeue the job, which then runs again with the same run id and directory, and
+// resumes. If Slurm refuses, node 0's run.json goes back from "requeued" to "preempted".
 //
 // Every node of such a job that stopped after the warning exits 0 (returns true): the job goes
 // on in its requeue, and a non-zero exit would make srun (--kill-on-bad-exit) end the other
@@ -67,20 +76,22 @@ bool requeue_if_preempted(const RunReport& report, int node_rank) {
   const std::string path = report.run_dir + "/run.json";
   std::ifstream in(path);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::string was = "\"state\": \"preempted\"";
+  const std::string was = node_rank == 0 ? "\"state\": \"requeued\"" : "\"state\": \"preempted\"";
   const auto at = text.find(was);
   if (at == std::string::npos) return false;  // cancelled meanwhile: not to be requeued
   if (node_rank != 0) return true;
   std::string said;
   if (run_capture("scontrol requeue " + shell_quote(job) + " 2>&1", said) != 0) {
+    text.replace(at, was.size(), "\"state\": \"preempted\"");
+    try {
+      write_file_atomic(path, text);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "airhost: %s\n", e.what());
+    }
+    while (!said.empty() && (said.back() == '\n' || said.back() == ' ')) said.pop_back();
     std::fprintf(stderr, "airhost: run %s was preempted, and Slurm refused to requeue job %s: %s\n", report.run_id.c_str(),
                  job.c_str(), said.c_str());
     return false;
-  }
-  text.replace(at, was.size(), "\"state\": \"requeued\"");
-  try {
-    write_file_atomic(path, text);
-  } catch (const std::exception&) {
   }
   std::fprintf(stderr, "airhost: run %s stopped for the job's time; Slurm job %s is requeued and resumes it\n",
                report.run_id.c_str(), job.c_str());
@@ -356,6 +367,7 @@ int run_main(int argc, char** argv) {
     }
   };
   const int node_rank = spec.node_rank;
+  spec.requeue_when_preempted = requeue_expected(node_rank);
   Launcher launcher(std::move(spec), std::move(callbacks));
   RunReport report;
   try {

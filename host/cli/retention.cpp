@@ -129,7 +129,7 @@ std::vector<PruneVictim> plan_prune(const std::vector<PruneCandidate>& runs, con
   std::set<std::size_t> chosen;
   std::vector<std::string> why(runs.size());
   auto take = [&](std::size_t i, const std::string& reason) {
-    if (runs[i].kept || !removable(*runs[i].run) || chosen.count(i)) return false;
+    if (runs[i].kept || runs[i].job_alive || !removable(*runs[i].run) || chosen.count(i)) return false;
     chosen.insert(i);
     why[i] = reason;
     return true;
@@ -176,6 +176,21 @@ std::vector<PruneVictim> prune_runs(const std::string& root, const RetentionPoli
     candidates.push_back(c);
   }
   auto victims = plan_prune(candidates, policy, now_seconds());
+  // A run of a Slurm job may look ended while its job lives on: requeued (its payload and join
+  // token are needed again when it starts), or its host killed before it wrote the end. Only
+  // a run whose job Slurm says is over goes; one Slurm cannot answer for stays for a later
+  // prune. One squeue call for them all, and none when no victim is a Slurm job's.
+  std::vector<std::string> jobs;
+  for (const auto& v : victims)
+    for (const auto& c : candidates)
+      if (c.run->dir == v.dir && !c.run->scheduler_job_id.empty()) jobs.push_back(c.run->scheduler_job_id);
+  if (!jobs.empty()) {
+    SlurmJobs& slurm = shared_slurm_jobs();
+    slurm.ask(jobs);
+    for (auto& c : candidates)
+      if (!c.run->scheduler_job_id.empty()) c.job_alive = slurm.active(c.run->scheduler_job_id) != std::optional<bool>(false);
+    victims = plan_prune(candidates, policy, now_seconds());
+  }
   for (auto& v : victims) {
     if (v.bytes == 0) v.bytes = dir_bytes(v.dir);
     if (dry_run) continue;
@@ -252,7 +267,7 @@ int runs_keep_command(const std::vector<std::string>& args) {
       else ids.push_back(a);
     }
     if (ids.size() != 1) throw ConfigError("airhost runs keep takes one run id, e.g. airhost runs keep latest");
-    const auto runs = list_runs(default_runs_root());
+    const auto runs = list_runs(default_runs_root(), false);
     const RunRecord& r = resolve_run(runs, ids[0], default_runs_root());
     const std::string marker = r.dir + "/" + kKeepFile;
     if (undo) {

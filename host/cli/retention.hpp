@@ -5,8 +5,8 @@
 // (by their end, else their start), more runs than `keep` (the newest are kept), and more
 // than `max_bytes` in all (the oldest go first). Only a run that has ended (or is lost) may
 // go: never one running, starting, pending or requeued on a scheduler, or one whose state
-// nothing here can tell, and never one the user kept (`airhost runs keep ID`: a `keep` file in
-// its directory). MLflow's store is never touched (`mlflow gc` prunes it).
+// nothing here can tell, never one of a Slurm job that Slurm does not say is over, and never
+// one the user kept (`airhost runs keep ID`: a `keep` file in its directory). MLflow's store is never touched (`mlflow gc` prunes it).
 #pragma once
 
 #include <cstdint>
@@ -38,7 +38,8 @@ std::uint64_t parse_size(const std::string& text, const std::string& what);
 struct PruneCandidate {
   const RunRecord* run;
   std::uint64_t bytes = 0;
-  bool kept = false;  // `airhost runs keep`
+  bool kept = false;       // `airhost runs keep`
+  bool job_alive = false;  // its Slurm job lives on (or Slurm cannot say), whatever run.json says
 };
 
 struct PruneVictim {

@@ -52,8 +52,13 @@ std::string flag_value(const std::vector<std::string>& args, std::size_t& i, con
   return args[++i];
 }
 
-const RunRecord& find_run(const std::vector<RunRecord>& runs, const std::string& id) {
-  return resolve_run(runs, id, default_runs_root());
+// The run `id` names, settled: the runs are listed as their run.json says, and only the one
+// asked about is settled by what Slurm says (one squeue at most, shared_slurm_jobs()).
+RunRecord find_run(const std::string& id) {
+  const auto runs = list_runs(default_runs_root(), false);
+  RunRecord run = resolve_run(runs, id, default_runs_root());
+  settle(run);
+  return run;
 }
 
 std::string ended_text(const RunRecord& r) {
@@ -161,8 +166,8 @@ int runs_command(const std::vector<std::string>& args) {
     else if (a.size() > 1 && a[0] == '-') return one_line_error("unknown flag '" + a + "' for airhost runs; it takes --json, or show ID");
     else words.push_back(a);
   }
-  const auto runs = list_runs(default_runs_root());
   if (words.empty()) {
+    const auto runs = list_runs(default_runs_root());
     std::fputs((json ? runs_json(runs, now_seconds()) : runs_table(runs, now_seconds())).c_str(), stdout);
     return 0;
   }
@@ -170,7 +175,7 @@ int runs_command(const std::vector<std::string>& args) {
     return one_line_error("airhost runs takes show ID, prune or keep ID (or nothing), got '" + words[0] +
                           "'; e.g. airhost runs show latest");
   if (words.size() != 2) return one_line_error("airhost runs show takes one run id, e.g. airhost runs show latest");
-  return show_run(find_run(runs, words[1]), json);
+  return show_run(find_run(words[1]), json);
 }
 
 // ---- logs -----------------------------------------------------------------------------------
@@ -237,8 +242,7 @@ int logs_command(const std::vector<std::string>& args) {
     else id = a;
   }
   if (!id) throw ConfigError("airhost logs needs a run id, e.g. airhost logs latest (airhost runs lists them)");
-  const auto runs = list_runs(default_runs_root());
-  RunRecord run = find_run(runs, *id);
+  RunRecord run = find_run(*id);
   // A job of several nodes keeps each other node's record in node-K/ of its run directory.
   if (node && *node != run.node_rank && *node < run.nnodes) {
     RunRecord other = read_run_record(run.dir + "/node-" + std::to_string(*node));
@@ -359,8 +363,7 @@ int cancel_command(const std::vector<std::string>& args) {
     id = a;
   }
   if (!id) throw ConfigError("airhost cancel needs a run id, e.g. airhost cancel latest (airhost runs lists them)");
-  const auto runs = list_runs(default_runs_root());
-  const RunRecord& run = find_run(runs, *id);
+  const RunRecord run = find_run(*id);
   if (is_ended(run.state))
     throw ConfigError("run " + run.id + " has already ended: " + ended_text(run) + "; nothing to cancel");
   if (run.state == "lost") throw ConfigError("run " + run.id + " is not running: " + run.problem + "; nothing to cancel");

@@ -18,6 +18,8 @@
 #include "base/json_value.hpp"
 #include "base/util.hpp"
 #include "launch/proc_tree.hpp"
+#include "airhost/launch.hpp"
+#include "launch/run_dir.hpp"
 
 namespace airhost::detail {
 
@@ -156,21 +158,138 @@ void settle(RunRecord& r, const std::string& this_hostname,
   }
 }
 
-std::optional<bool> slurm_job_active(const std::string& job_id) {
-  std::string out;
-  if (run_capture("squeue -h -t all -j " + shell_quote(job_id) + " -o %T 2>/dev/null", out) != 0) return std::nullopt;
+namespace {
+
+bool ended_slurm_state(const std::string& state) {
   static const char* const kEnded[] = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL",
                                        "DEADLINE", "OUT_OF_MEMORY", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"};
-  std::istringstream lines(out);
-  for (std::string state; lines >> state;) {
-    bool ended = false;
-    for (const char* e : kEnded) ended |= state.rfind(e, 0) == 0;
-    if (!ended) return true;  // PENDING, RUNNING, COMPLETING, REQUEUED, REQUEUE_HOLD, SUSPENDED, ...
-  }
-  return false;
+  for (const char* e : kEnded)
+    if (state.rfind(e, 0) == 0) return true;
+  return false;  // PENDING, RUNNING, COMPLETING, REQUEUED, REQUEUE_HOLD, SUSPENDED, ...
 }
 
-void settle(RunRecord& r) {
+// squeue -j for these jobs, every state; nullopt when it cannot tell.
+std::optional<std::vector<std::pair<std::string, bool>>> ask_squeue(const std::vector<std::string>& ids) {
+  std::string list;
+  for (const auto& id : ids) list += (list.empty() ? "" : ",") + id;
+  std::string out;
+  const int rc = run_capture("squeue -h -t all -j " + shell_quote(list) + " -o '%i %T' 2>&1", out);
+  if (rc != 0) {
+    // Asked for one job, squeue fails for a job it no longer knows (for several, it leaves
+    // them out): that job has ended. Any other failure (no Slurm, no controller): cannot tell.
+    if (ids.size() == 1 && out.find("Invalid job id") != std::string::npos) return {{{ids[0], false}}};
+    return std::nullopt;
+  }
+  return parse_squeue_states(ids, out);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, bool>> parse_squeue_states(const std::vector<std::string>& asked,
+                                                              const std::string& squeue_output) {
+  std::vector<std::pair<std::string, bool>> states;
+  for (const auto& id : asked) states.emplace_back(id, false);
+  std::istringstream lines(squeue_output);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::string id, state;
+    if (!(words >> id >> state)) continue;
+    for (auto& [asked_id, active] : states)
+      // A job's steps and an array's tasks say ID.STEP or ID_TASK: they are the job's too.
+      if (id == asked_id || id.rfind(asked_id + "_", 0) == 0 || id.rfind(asked_id + ".", 0) == 0)
+        active = active || !ended_slurm_state(state);
+  }
+  return states;
+}
+
+SlurmJobs::SlurmJobs(std::string cache_file, double max_age) : cache_file_(std::move(cache_file)), max_age_(max_age) {
+  load();
+}
+
+// The cache file: one line per job, `ID active|ended|unknown TIME`, rewritten whole (atomic).
+void SlurmJobs::load() {
+  if (cache_file_.empty() || max_age_ <= 0) return;
+  std::ifstream in(cache_file_);
+  const double now = now_seconds();
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::string id, what;
+    double at = 0;
+    if (!(words >> id >> what >> at) || now - at >= max_age_ || at > now + 1) continue;
+    Answer a;
+    a.at = at;
+    if (what == "active") a.active = true;
+    else if (what == "ended") a.active = false;
+    known_.emplace_back(id, a);
+  }
+}
+
+void SlurmJobs::save() const {
+  if (cache_file_.empty() || max_age_ <= 0) return;
+  std::string text;
+  const double now = now_seconds();
+  for (const auto& [id, a] : known_) {
+    if (now - a.at >= max_age_) continue;
+    char at[32];
+    std::snprintf(at, sizeof at, "%.3f", a.at);
+    text += id + " " + (a.active ? (*a.active ? "active" : "ended") : "unknown") + " " + at + "\n";
+  }
+  try {
+    write_file_atomic(cache_file_, text);
+  } catch (const std::exception&) {
+    // A runs root this user cannot write to: the answers are not shared, nothing else changes.
+  }
+}
+
+void SlurmJobs::ask(const std::vector<std::string>& ids) {
+  const double now = now_seconds();
+  std::vector<std::string> wanted;
+  for (const auto& id : ids) {
+    if (id.empty() || std::find(wanted.begin(), wanted.end(), id) != wanted.end()) continue;
+    const auto it = std::find_if(known_.begin(), known_.end(), [&](const auto& k) { return k.first == id; });
+    if (it == known_.end() || now - it->second.at >= max_age_) wanted.push_back(id);
+  }
+  if (wanted.empty()) return;
+  ++calls_;
+  const auto states = ask_squeue(wanted);
+  for (std::size_t i = 0; i < wanted.size(); ++i) {
+    Answer a;
+    a.at = now;
+    if (states) a.active = (*states)[i].second;
+    const auto it = std::find_if(known_.begin(), known_.end(), [&](const auto& k) { return k.first == wanted[i]; });
+    if (it != known_.end()) it->second = a;
+    else known_.emplace_back(wanted[i], a);
+  }
+  save();
+}
+
+std::optional<bool> SlurmJobs::active(const std::string& id) {
+  ask({id});
+  const auto it = std::find_if(known_.begin(), known_.end(), [&](const auto& k) { return k.first == id; });
+  return it == known_.end() ? std::nullopt : it->second.active;
+}
+
+SlurmJobs& shared_slurm_jobs() {
+  static SlurmJobs jobs(airhost::default_runs_root() + "/.slurm-jobs");
+  return jobs;
+}
+
+std::optional<bool> slurm_job_active(const std::string& job_id) {
+  SlurmJobs now("", 0);
+  return now.active(job_id);
+}
+
+namespace {
+
+// Whether settling `r` needs what Slurm says of its job.
+bool needs_slurm(const RunRecord& r) {
+  if (r.scheduler_job_id.empty() ||
+      (r.state != "pending" && r.state != "requeued" && r.state != "unknown" && r.state != "running"))
+    return false;
+  return !(r.state == "unknown" && r.hostname.empty());  // a run.json that does not parse
+}
+
+void settle_here(RunRecord& r) {
   char hostname[256] = "";
   ::gethostname(hostname, sizeof hostname - 1);
   settle(r, hostname, [](int pid, std::uint64_t ticks) {
@@ -178,12 +297,25 @@ void settle(RunRecord& r) {
     // The same pid with another start time is another process: the host is gone.
     return read_proc_stat(pid, st) && st.state != 'Z' && st.state != 'X' && (ticks == 0 || st.start == ticks);
   });
+}
+
+void settle_by_slurm(RunRecord& r, SlurmJobs& slurm);
+
+}  // namespace
+
+void settle(RunRecord& r) { settle(r, shared_slurm_jobs()); }
+
+void settle(RunRecord& r, SlurmJobs& slurm) {
+  settle_here(r);
+  settle_by_slurm(r, slurm);
+}
+
+namespace {
+
+void settle_by_slurm(RunRecord& r, SlurmJobs& slurm) {
   // A Slurm job's run, pending or running on another node: Slurm knows whether it still is.
-  if (r.scheduler_job_id.empty() ||
-      (r.state != "pending" && r.state != "requeued" && r.state != "unknown" && r.state != "running"))
-    return;
-  if (r.state == "unknown" && r.hostname.empty()) return;  // a run.json that does not parse
-  const auto active = slurm_job_active(r.scheduler_job_id);
+  if (!needs_slurm(r)) return;
+  const auto active = slurm.active(r.scheduler_job_id);
   if (!active) return;
   if (!*active && r.state == "requeued") {
     // Slurm may show a job it is requeueing as ended for a moment; a requeue recorded in the
@@ -219,7 +351,9 @@ void settle(RunRecord& r) {
                 output + ")";
 }
 
-std::vector<RunRecord> list_runs(const std::string& root) {
+}  // namespace
+
+std::vector<RunRecord> list_runs(const std::string& root, bool ask_slurm) {
   std::vector<RunRecord> runs;
   DIR* d = ::opendir(root.c_str());
   if (!d) return runs;
@@ -230,10 +364,18 @@ std::vector<RunRecord> list_runs(const std::string& root) {
     struct stat st{};
     if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
     RunRecord r = read_run_record(dir);
-    settle(r);
+    settle_here(r);
     runs.push_back(std::move(r));
   }
   ::closedir(d);
+  if (ask_slurm) {
+    SlurmJobs& slurm = shared_slurm_jobs();
+    std::vector<std::string> jobs;
+    for (const auto& r : runs)
+      if (needs_slurm(r)) jobs.push_back(r.scheduler_job_id);
+    slurm.ask(jobs);  // one squeue call for them all
+    for (auto& r : runs) settle_by_slurm(r, slurm);
+  }
   // Run ids begin with their start time, so they sort as the runs started; the recorded start
   // decides between runs that have one (ids made on hosts with other time zones).
   std::sort(runs.begin(), runs.end(), [](const RunRecord& a, const RunRecord& b) {

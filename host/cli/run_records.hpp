@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace airhost::detail {
@@ -67,20 +68,63 @@ RunRecord read_run_record(const std::string& dir);
 // here can tell). `host_alive(pid, start_ticks)`: the process is there and is that one.
 void settle(RunRecord& r, const std::string& this_hostname,
             const std::function<bool(int pid, std::uint64_t start_ticks)>& host_alive);
-// The same, with this node's hostname and /proc.
+class SlurmJobs;
+// The same, with this node's hostname and /proc, then, for a Slurm job's run, what Slurm says
+// (`slurm`: shared_slurm_jobs() unless given).
 void settle(RunRecord& r);
+void settle(RunRecord& r, SlurmJobs& slurm);
 
 bool is_ended(const std::string& state);
 
-// Whether Slurm still has job `job_id` in hand (pending, running, completing, being requeued,
-// suspended...); false once it ended or is gone; nullopt when squeue cannot tell (no Slurm
-// here, no controller). squeue is asked for every state (-t all): a job in the middle of a
+// What Slurm says of the jobs of runs, asked with one squeue call for many: a runs root holds
+// many runs of Slurm jobs, and a read-back of one (runs show, logs, cancel, stacks) must not ask
+// once per run, one after another. An answer younger than `max_age` seconds is reused, in this
+// process and, through `cache_file` (in the runs root; "" for none), by the other airhost
+// commands of its user: a caller that polls a job (Job.state every 0.5 s, `logs --follow`)
+// costs one squeue every `max_age` seconds at most, however many runs the root holds.
+class SlurmJobs {
+ public:
+  explicit SlurmJobs(std::string cache_file = "", double max_age = 2.0);
+  // One squeue call for every job of `ids` without a fresh answer (none when all have one).
+  void ask(const std::vector<std::string>& ids);
+  // Whether Slurm still has the job in hand (pending, running, completing, being requeued,
+  // suspended...); false once it ended or Slurm no longer knows it; nullopt when squeue cannot
+  // tell (no Slurm here, no controller). Asks for it alone when no fresh answer is known.
+  std::optional<bool> active(const std::string& id);
+  int squeue_calls() const { return calls_; }
+
+ private:
+  struct Answer {
+    std::optional<bool> active;
+    double at = 0;
+  };
+  void load();
+  void save() const;
+  std::string cache_file_;
+  double max_age_;
+  std::vector<std::pair<std::string, Answer>> known_;
+  int calls_ = 0;
+};
+
+// The jobs of the default runs root (its cache in AIRHOST_RUNS_DIR/.slurm-jobs), shared by
+// every read-back of this process.
+SlurmJobs& shared_slurm_jobs();
+
+// squeue's lines `ID STATE` (asked with -o "%i %T") → whether each asked job is active; the
+// jobs that it does not list are no longer known to Slurm (ended). Pure; doctested.
+std::vector<std::pair<std::string, bool>> parse_squeue_states(const std::vector<std::string>& asked,
+                                                              const std::string& squeue_output);
+
+// Whether Slurm still has job `job_id` in hand, asked now (no cache: `airhost cancel` waits
+// for the job to go). squeue is asked for every state (-t all): a job in the middle of a
 // requeue is not in its default list.
 std::optional<bool> slurm_job_active(const std::string& job_id);  // succeeded, failed, cancelled, ...: not running, starting, lost, unknown
 
 // Every run directory under `root`, read and settled, newest first. A root that does not
-// exist holds no runs.
-std::vector<RunRecord> list_runs(const std::string& root);
+// exist holds no runs. `ask_slurm`: settle the runs of Slurm jobs by what Slurm says (one
+// squeue call for them all); without it, they are as their run.json says: a read-back of one
+// run lists without, then settles that one (find_run).
+std::vector<RunRecord> list_runs(const std::string& root, bool ask_slurm = true);
 
 // The run that `wanted` names among `runs` (newest first): `latest`, a full id or a unique
 // prefix of one. Throws ConfigError, one sentence, for an unknown or ambiguous id.

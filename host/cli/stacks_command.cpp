@@ -136,9 +136,12 @@ int stacks_command(const std::vector<std::string>& args) {
     else wanted = a;
   }
   const std::string root = default_runs_root();
-  const auto runs = list_runs(root);
+  // As their run.json says and this node sees them: a live run here needs no word from Slurm
+  // (one named by its id is settled alone below).
+  const auto runs = list_runs(root, false);
   const int me = static_cast<int>(::geteuid());
   const RunRecord* run = nullptr;
+  RunRecord named;
   if (wanted.empty()) {
     for (const auto& r : runs)
       if (r.state == "running" && owner_of(r.dir) == me) {
@@ -147,7 +150,9 @@ int stacks_command(const std::vector<std::string>& args) {
       }
     if (!run) throw ConfigError("no live run of yours in " + root + " (airhost runs lists every run; airhost stacks ID names one)");
   } else {
-    run = &resolve_run(runs, wanted, root);
+    named = resolve_run(runs, wanted, root);
+    settle(named);
+    run = &named;
   }
   if (const int owner = owner_of(run->dir); owner != me && owner >= 0)
     throw ConfigError("run " + run->id + " belongs to " + user_name(owner) + "; airhost stacks shows your own runs only");

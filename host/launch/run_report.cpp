@@ -211,14 +211,15 @@ bool cancel_requested(const std::string& run_dir, int node_rank) {
 
 }  // namespace
 
-std::string final_state(Outcome outcome, bool cancel_requested, bool warned) {
+std::string final_state(Outcome outcome, bool cancel_requested, bool warned, bool requeue) {
   // Whatever ended a run that was asked to stop is the cancel: under Slurm, scancel signals
   // every process of the step at once, so a rank may die of it before the host hears of it,
   // and the run ends "failed" by a rank's SIGTERM rather than "interrupted".
   if (cancel_requested && outcome != Outcome::succeeded) return "cancelled";
   // After the scheduler's warning, however the ranks left (airhost.Preempted, a SIGTERM at the
   // time limit), the run stopped for the job's time, to be resumed from its checkpoint.
-  if (warned && outcome != Outcome::succeeded) return "preempted";
+  // One that its caller requeues says so from the start: never "preempted" (an end) before.
+  if (warned && outcome != Outcome::succeeded) return requeue ? "requeued" : "preempted";
   return to_string(outcome);
 }
 
@@ -249,7 +250,8 @@ std::string run_json(const RunReport& report, const LaunchSpec& spec, double sta
   const std::string run_dir = report.run_dir.empty() ? spec.run_dir : report.run_dir;
   o << "{\n  \"run_id\": " << q(report.run_id) << ",\n  \"run_dir\": " << q(report.run_dir)
     << ",\n  \"state\": "
-    << q(final_state(report.outcome, cancel_requested(run_dir, spec.node_rank), report.warning_signal != 0))
+    << q(final_state(report.outcome, cancel_requested(run_dir, spec.node_rank), report.warning_signal != 0,
+                   spec.requeue_when_preempted))
     << ",\n  \"outcome\": " << q(to_string(report.outcome)) << ",\n  \"exit_code\": " << report.exit_code
     << ",\n  \"root_cause\": " << report.root_cause << ",\n  \"message\": " << q(report.message)
     << ",\n  \"wall_seconds\": " << number(report.wall_seconds) << ",\n  \"restarts\": " << report.restarts

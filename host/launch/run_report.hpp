@@ -47,8 +47,9 @@ inline constexpr const char* kCancelRequestFile = "cancel.request";
 // The state run.json gives an ended run: succeeded, failed, timed_out, node_lost,
 // not_started, interrupted (a signal, Ctrl-C, cancel() of the API), or cancelled (ended
 // without succeeding after `airhost cancel` asked for it).
-// preempted (ended without succeeding after the scheduler's warning, SIGUSR1/SIGUSR2).
-std::string final_state(Outcome outcome, bool cancel_requested, bool warned = false);
+// preempted (ended without succeeding after the scheduler's warning, SIGUSR1/SIGUSR2), or
+// requeued instead when the caller will requeue such a run (LaunchSpec::requeue_when_preempted).
+std::string final_state(Outcome outcome, bool cancel_requested, bool warned = false, bool requeue = false);
 
 // One line per failed rank (rank, pid, exit code or signal, first line of its exception,
 // log path), then the root cause's full traceback. Empty for a successful run.

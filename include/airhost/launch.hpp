@@ -77,6 +77,11 @@ struct LaunchSpec {
   int restart_offset = 0;                 // restarts of the job before this launch (a requeued Slurm
                                           // job: SLURM_RESTART_COUNT); added to TORCHELASTIC_RESTART_COUNT
                                           // and RunReport::restarts, not counted against max_restarts
+  bool requeue_when_preempted = false;   // a run that stops after the scheduler's warning will be
+                                          // requeued by the caller (the CLI under Slurm with --requeue):
+                                          // its final run.json says "requeued", not "preempted", so no
+                                          // reader takes it for ended meanwhile; a caller whose requeue
+                                          // is refused writes "preempted" back
   std::chrono::milliseconds grace{10000}; // SIGTERM → SIGKILL delay on teardown
   std::chrono::milliseconds hang_timeout{30 * 60 * 1000};  // no rank making progress this long is a hang
                                           // (docs/hangs.md): a report of where each rank is; 0 = off

@@ -114,6 +114,9 @@ TEST_CASE("a run is cancelled when airhost cancel asked for it and it did not su
   CHECK(final_state(airhost::Outcome::timed_out, false) == "timed_out");
   // After the scheduler's warning: stopped for the job's time, however the ranks left.
   CHECK(final_state(airhost::Outcome::failed, false, true) == "preempted");
+  CHECK(final_state(airhost::Outcome::failed, false, true, true) == "requeued");  // its caller requeues it
+  CHECK(final_state(airhost::Outcome::interrupted, true, true, true) == "cancelled");
+  CHECK(final_state(airhost::Outcome::succeeded, false, true, true) == "succeeded");
   CHECK(final_state(airhost::Outcome::interrupted, false, true) == "preempted");
   CHECK(final_state(airhost::Outcome::succeeded, false, true) == "succeeded");
   CHECK(final_state(airhost::Outcome::failed, true, true) == "cancelled");
@@ -197,4 +200,25 @@ TEST_CASE("the runs table lines up its columns, a running run's duration countin
   CHECK(json[1]["exit_code"].integer() == 0);
   CHECK(duration_text(3.25) == "3.2 s");
   CHECK(duration_text(-1) == "-");
+}
+
+TEST_CASE("squeue's answer for several jobs: each asked job active or not, a job it leaves out has ended") {
+  const std::string out =
+      "101 PENDING\n"
+      "102 COMPLETED\n"
+      "103_4 RUNNING\n"        // a task of array job 103
+      "105 CANCELLED by 0\n"   // a state with words after it
+      "106 REQUEUE_HOLD\n"
+      "107 COMPLETING\n"
+      "garbage\n";
+  const auto states = parse_squeue_states({"101", "102", "103", "104", "105", "106", "107", "10"}, out);
+  REQUIRE(states.size() == 8);
+  const std::vector<std::pair<std::string, bool>> expected = {
+      {"101", true}, {"102", false}, {"103", true}, {"104", false},
+      {"105", false}, {"106", true}, {"107", true}, {"10", false}};  // 10 is not 101's prefix
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    INFO(expected[i].first);
+    CHECK(states[i] == expected[i]);
+  }
+  CHECK(parse_squeue_states({"1"}, "").front().second == false);
 }

@@ -3,7 +3,10 @@ network namespaces of their own where this machine allows it, else one): the bat
 a job watched to its end, listed, its logs read per node and rank, a job cancelled with
 nothing of it left, and sbatch's own refusal passed on."""
 import json
+import os
+import shutil
 import subprocess
+import threading
 import time
 
 import pytest
@@ -177,14 +180,33 @@ def test_a_job_warned_of_its_time_checkpoints_is_requeued_and_ends_as_an_uninter
     assert "#SBATCH --signal=USR1@90\n" in script and "#SBATCH --requeue\n" in script, script
     wait_for(lambda: (ckpt / "waiting").exists(), 120, "the ranks to wait at step 17")
     job = json.loads((submit.root / run_id / "run.json").read_text())["scheduler_job_id"]
+    # What a reader of the run sees meanwhile, every 10 ms: never an end before the requeue
+    # (Job.wait() would return, a prune could take the run directory it resumes from).
+    seen, stop = [], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            try:
+                state = json.loads((submit.root / run_id / "run.json").read_text())["state"]
+            except (OSError, ValueError):
+                state = None
+            if state and (not seen or seen[-1] != state):
+                seen.append(state)
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     warned = subprocess.run(["scancel", "-s", "USR1", job], env=submit.env, capture_output=True, text=True)
     assert warned.returncode == 0, warned.stderr
 
     def ended():
         [r] = [r for r in submit.listed() if r["run_id"] == run_id]
-        if r["state"] == "requeued":
+        slurm_state = subprocess.run(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"], env=submit.env,
+                                     capture_output=True, text=True).stdout.strip()
+        if r["state"] == "requeued" and slurm_state in ("PENDING", "REQUEUE_HOLD"):
             # Slurm keeps a requeued job from starting for about two minutes (its begin time);
-            # the test does not wait them out.
+            # the test does not wait them out, once the job's first run is all gone (started
+            # while its nodes still clean up, the job fails: "Job credential revoked").
             # (and releases it, should Slurm have held it: REQUEUE_HOLD)
             for command in (["scontrol", "update", f"JobId={job}", "StartTime=now"], ["scontrol", "release", job]):
                 subprocess.run(command, env=submit.env, capture_output=True, text=True)
@@ -196,8 +218,11 @@ def test_a_job_warned_of_its_time_checkpoints_is_requeued_and_ends_as_an_uninter
     except AssertionError as e:  # say why Slurm kept it (seen once in CI: never started again)
         shown = subprocess.run(["scontrol", "show", "job", job], env=submit.env, capture_output=True, text=True)
         raise AssertionError(f"{e}\nscontrol show job {job}:\n{shown.stdout}{shown.stderr}") from None
+    stop.set()
+    watcher.join()
     output = "".join(p.read_text() for p in (submit.root / run_id).glob("slurm-*.out"))
     assert record["state"] == "succeeded", (record, output)
+    assert "requeued" in seen and "preempted" not in seen, seen
     assert "the scheduler's warning that the job's time is nearly up" in output, output
     assert f"Slurm job {job} is requeued" in output, output
     assert "attempt 1: resumed from step-000017 at step 17" in output, output
@@ -254,3 +279,67 @@ def test_the_main_example_on_two_nodes_by_two_ranks_is_one_job_with_every_rank_s
     losses = [pickle.loads((d / "results" / f"rank-{r}.pkl").read_bytes())
               for r, d in ((r, submit.root / run_id if r < 2 else node_dir) for r in range(2 * nodes))]
     assert len(set(losses)) == 1 and losses[0] < 0.05, losses  # one model, converged
+
+
+def test_read_backs_ask_squeue_once_for_all_runs_and_pruning_spares_a_live_job(slurm, submit, tmp_path):  # noqa: F811
+    """#32: `runs show ID` asks Slurm about that run's job alone, `airhost runs` about every
+    job in one squeue call, and answers are reused for two seconds across airhost commands;
+    a run whose job Slurm still holds is never pruned, whatever its run.json says."""
+    calls = tmp_path / "squeue.calls"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    real = shutil.which("squeue", path=submit.env["PATH"])
+    counting = bindir / "squeue"  # the real squeue, each call written down
+    counting.write_text(f'#!/bin/sh\necho "$*" >> {calls}\nexec {real} "$@"\n')
+    counting.chmod(0o755)
+    submit.env["PATH"] = f"{bindir}:{submit.env['PATH']}"
+
+    runs = {}
+    for _ in range(6):  # held: pending in Slurm until released, each a job of its own
+        done = submit("submit", "--to", "slurm", "--sbatch", "--hold", script("hello.py"), "-n", "1")
+        assert done.returncode == 0, done.stderr
+        run_id = done.stdout.strip()
+        runs[run_id] = json.loads((submit.root / run_id / "run.json").read_text())["scheduler_job_id"]
+    try:
+        def asked():
+            text = calls.read_text() if calls.exists() else ""
+            calls.unlink(missing_ok=True)
+            return [line.split(" -j ", 1)[1].split()[0].strip("'").split(",") for line in text.splitlines()]
+
+        time.sleep(2.1)  # what submit's own squeue said has aged out
+        asked()
+        one = list(runs)[3]
+        shown = submit("runs", "show", one, "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["state"] == "pending"
+        assert asked() == [[runs[one]]]  # that job alone, once
+
+        time.sleep(2.1)
+        listed = submit.listed()
+        assert sorted(r["state"] for r in listed) == ["pending"] * 6
+        [jobs] = asked()  # one call, every job in it
+        assert sorted(jobs) == sorted(runs.values())
+        for _ in range(3):  # within two seconds: Slurm's answer reused, by other processes too
+            assert [r["state"] for r in submit.listed()] == ["pending"] * 6
+            submit("runs", "show", one, "--json")
+        assert asked() == []
+
+        # A run.json that says the run ended (as a requeued job's did until it was fixed), while
+        # Slurm still holds its job: not pruned; once Slurm is done with the job, it is.
+        victim = list(runs)[0]
+        record = submit.root / victim / "run.json"
+        record.write_text(record.read_text().replace('"state": "pending"', '"state": "preempted"'))
+        pruned = submit("runs", "prune", "--keep", "0")
+        assert pruned.returncode == 0, pruned.stderr
+        assert victim not in pruned.stdout
+        assert (submit.root / victim).is_dir()
+        subprocess.run(["scancel", runs[victim]], env=submit.env, check=True)
+        wait_for(lambda: subprocess.run([real, "-h", "-j", runs[victim], "-o", "%T"], env=submit.env, capture_output=True,
+                                        text=True).stdout.strip() in ("", "CANCELLED"), 30, "Slurm to end the job")
+        time.sleep(2.1)
+        pruned = submit("runs", "prune", "--keep", "0")
+        assert f"removed {victim}" in pruned.stdout, pruned.stdout + pruned.stderr
+        assert not (submit.root / victim).exists()
+        assert all((submit.root / r).is_dir() for r in list(runs)[1:])  # pending: never pruned
+    finally:
+        subprocess.run(["scancel", *runs.values()], env=submit.env, capture_output=True)
