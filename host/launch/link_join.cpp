@@ -56,6 +56,42 @@ void say(const NodeLinkConfig& cfg, const std::string& line) {
   if (cfg.say) cfg.say("node " + std::to_string(cfg.node_rank) + " of " + std::to_string(cfg.nnodes) + ": " + line);
 }
 
+// What node 0 says of strangers on its port (a scanner, a health check, a flood of junk, a
+// node with the wrong token): the first kStrangerLines of each kStrangerWindow one by one, the
+// rest counted and said in one line once the window is over, so that a flood neither fills
+// the log nor costs the join its time.
+constexpr int kStrangerLines = 5;
+constexpr auto kStrangerWindow = std::chrono::seconds(10);
+
+class StrangerLines {
+ public:
+  void say(const NodeLinkConfig& cfg, const std::string& line) {
+    tick(cfg);
+    if (said_ < kStrangerLines) {
+      ++said_;
+      detail::say(cfg, line);
+    } else {
+      ++hidden_;
+    }
+  }
+  // The count of a window that is over; with `now`, of this one too (the join is done).
+  void tick(const NodeLinkConfig& cfg, bool now = false) {
+    if (!now && Clock::now() - since_ < kStrangerWindow) return;
+    if (hidden_)
+      detail::say(cfg, "refused or ignored " + std::to_string(hidden_) + " more connection(s) within " +
+                           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kStrangerWindow).count()) +
+                           " s, not named one by one (the first " + std::to_string(kStrangerLines) + " are above)");
+    since_ = Clock::now();
+    said_ = 0;
+    hidden_ = 0;
+  }
+
+ private:
+  Clock::time_point since_ = Clock::now();
+  int said_ = 0;
+  long hidden_ = 0;
+};
+
 std::string join_list(const std::vector<std::string>& items) {
   std::string out;
   for (std::size_t i = 0; i < items.size(); ++i)
@@ -136,10 +172,10 @@ enum class Arrival {
 // naming where it came from, and the reason told to it, so the job goes on waiting for the
 // real node. On an open join a hello is answered at once (`heard`), so that a node that
 // reached something else on the port knows it.
-Arrival advance(const NodeLinkConfig& cfg, Pending& p) {
+Arrival advance(const NodeLinkConfig& cfg, Pending& p, StrangerLines& strangers) {
   const bool auth = !cfg.join_token.empty();
   auto refuse_stranger = [&](const std::string& why, const std::string& to_node) {
-    say(cfg, "refused a join from " + p.address + (p.hello ? " as node " + std::to_string(p.hello->node_rank) : "") +
+    strangers.say(cfg, "refused a join from " + p.address + (p.hello ? " as node " + std::to_string(p.hello->node_rank) : "") +
                  ": " + why);
     refuse_one(p, to_node);
     return Arrival::dropped;
@@ -181,15 +217,15 @@ Arrival advance(const NodeLinkConfig& cfg, Pending& p) {
     garbage = true;
   }
   if (garbage || f) {  // bytes that are not link frames, or a frame out of turn
-    say(cfg, p.hello ? "refused a join from " + p.address + " as node " + std::to_string(p.hello->node_rank) +
-                           ": it sent something else than the proof of its join token"
-                     : "ignored a connection from " + p.address + ": it does not speak airhost's node link");
+    strangers.say(cfg, p.hello ? "refused a join from " + p.address + " as node " + std::to_string(p.hello->node_rank) +
+                                     ": it sent something else than the proof of its join token"
+                               : "ignored a connection from " + p.address + ": it does not speak airhost's node link");
     return Arrival::dropped;
   }
   if (got == LinkIo::closed || Clock::now() - p.since > kHelloWait) {
     if (p.hello && got != LinkIo::closed)
-      say(cfg, "refused a join from " + p.address + " as node " + std::to_string(p.hello->node_rank) +
-                   ": no proof of its join token came within " +
+      strangers.say(cfg, "refused a join from " + p.address + " as node " + std::to_string(p.hello->node_rank) +
+                             ": no proof of its join token came within " +
                    duration_text(std::chrono::duration_cast<milliseconds>(kHelloWait)));
     return Arrival::dropped;
   }
@@ -299,6 +335,7 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
   // Strangers, late or refused with the rest, close with their LinkConnection.
   std::vector<Pending> pending;
   std::vector<LinkPeer> joined;
+  StrangerLines strangers;
   const auto deadline = Clock::now() + cfg.join_timeout;
   say(cfg, "waiting on port " + std::to_string(cfg.master_port) + " for " + std::to_string(cfg.nnodes - 1) +
                " other node(s) to join");
@@ -353,7 +390,7 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
     // Connections that have not said hello yet, or whose proof is awaited.
     for (std::size_t i = 0; i < pending.size();) {
       Pending& p = pending[i];
-      const Arrival got = advance(cfg, p);
+      const Arrival got = advance(cfg, p, strangers);
       if (got == Arrival::waiting) {
         ++i;
         continue;
@@ -369,7 +406,9 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
       if (got == Arrival::admitted) admit(*p.hello, std::move(p.conn));
       pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
     }
+    strangers.tick(cfg);
   }
+  strangers.tick(cfg, true);
   JoinedGroup group;
   group.nodes.resize(static_cast<std::size_t>(cfg.nnodes));
   group.nodes[0] = self;
@@ -633,6 +672,7 @@ struct RejoinDesk::Impl {
   NodeHello self;
   int l4 = -1, l6 = -1;
   std::vector<Pending> pending;
+  StrangerLines strangers;
   ~Impl() {
     for (int fd : {l4, l6})
       if (fd >= 0) ::close(fd);
@@ -665,7 +705,7 @@ std::vector<LinkPeer> RejoinDesk::take(const std::vector<int>& wanted) {
   std::vector<LinkPeer> back;
   for (std::size_t i = 0; i < d.pending.size();) {
     Pending& p = d.pending[i];
-    const Arrival got = advance(d.cfg, p);
+    const Arrival got = advance(d.cfg, p, d.strangers);
     if (got == Arrival::waiting) {
       ++i;
       continue;
@@ -687,6 +727,7 @@ std::vector<LinkPeer> RejoinDesk::take(const std::vector<int>& wanted) {
     }
     d.pending.erase(d.pending.begin() + static_cast<std::ptrdiff_t>(i));
   }
+  d.strangers.tick(d.cfg);
   return back;
 }
 
