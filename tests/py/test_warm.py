@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, is_running, wait_for
+from conftest import REPO, is_running, script, wait_for
 
 MLP = REPO / "examples" / "mlp_ddp.py"
 
@@ -515,3 +515,16 @@ def test_a_warm_rank_of_a_caller_that_ignores_sigint_still_takes_it_as_a_cold_ra
     assert cold["ppid"] != int(out["SERVER"]) and warm_call["ppid"] == int(out["SERVER"])
     assert cold["SIGINT"] == warm_call["SIGINT"] == "KeyboardInterrupt", (cold, warm_call)
     assert cold["SIGTERM"] == warm_call["SIGTERM"], (cold, warm_call)
+
+
+def test_the_warm_server_s_request_decoder_takes_any_bytes_fuzzed(airhost, tmp_path):
+    # #32: every parser of outside bytes is fuzzed; the warm server's is Python, so a seeded
+    # random driver (tests/py/scripts/fuzz_warm_decoder.py) runs it inside a rank, the only
+    # place its module loads: 100,000 mutated bodies, fields or MalformedRequest and nothing else.
+    warm_py = REPO / "runtime" / "warm.py"
+    run = airhost(script("fuzz_warm_decoder.py"), "-n", "1", "--cold", "--", warm_py, "100000", "1", timeout=300)
+    run.assert_rc(0)
+    out = run.log(0).decode()
+    m = re.search(r"fuzzed 100000 inputs: (\d+) decoded, (\d+) refused", out)
+    assert m, out + run.log(0, "stderr").decode()[-2000:]
+    assert int(m.group(1)) > 1000 and int(m.group(2)) > 1000, out  # both ways reached
