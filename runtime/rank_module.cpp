@@ -79,12 +79,14 @@ std::string_view view(const py::bytes& b) {
 
 // ---- stacks on demand (host/launch/stacks.hpp) -----------------------------------------
 //
-// On stacks_signal() the rank rewrites its dump file from the signal handler itself, as
-// faulthandler does: CPython's thread states are walked without the GIL, so a rank stuck in
-// a C call that holds it (or in a deadlock) answers too. The walk itself runs in a task of its
-// own that shares the rank's memory (base/fault_guard.hpp): a fault while the other threads
-// change what it reads ends that task, never the rank, and the rank's own SIGSEGV handlers
-// (faulthandler's) are never touched. Only async-signal-safe calls below.
+// A thread of the rank's own, started here outside Python, waits on the control channel for
+// the host's requests (each a 4-byte request number) and rewrites the dump file. No signal
+// reaches the rank's threads: a thread blocked in sleep(), poll(), read() or sem_wait() is
+// never cut short by being watched (#33). The thread walks CPython's thread states without
+// the GIL, as faulthandler does, so a rank stuck in a C call that holds the GIL (or in a
+// deadlock) answers too; the walk itself runs in a task of its own that shares the rank's
+// memory (base/fault_guard.hpp): a fault while the other threads change what it reads ends
+// that task, never the rank, and the rank's own SIGSEGV handlers are never touched.
 
 using DumpThreads = const char* (*)(int fd, PyInterpreterState* interp, PyThreadState* current);
 DumpThreads dump_threads = nullptr;
@@ -92,9 +94,7 @@ PyInterpreterState* stacks_interp = nullptr;
 int stacks_fd = -1;
 pid_t stacks_pid = -1;
 unsigned long long stacks_main = 0;
-unsigned stacks_seq = 0;                 // the request the dump being written answers
-std::atomic<unsigned> stacks_wanted{0};  // the newest request
-std::atomic<bool> stacks_busy{false};    // a thread of this rank is writing a dump
+unsigned stacks_seq = 0;  // the request the dump being written answers
 
 void put(const char* s, std::size_t n) {
   while (n) {
@@ -128,53 +128,71 @@ void dump_into_file(void*) {
 constexpr int kDumpTries = 5;
 constexpr int kDumpLimitMs = 500;  // a read that takes longer is stuck (a cycle in memory being rewritten)
 
-void on_stacks_signal(int, siginfo_t* info, void*) {
-  const int saved = errno;
-  if (stacks_fd >= 0 && ::getpid() == stacks_pid) {  // not in a process forked from the rank
-    stacks_wanted.store(info && info->si_code == SI_QUEUE ? static_cast<unsigned>(info->si_value.sival_int) : 0);
-    // Another thread of this rank may be answering already (the signal goes to any thread):
-    // it answers this request too, before it lets go.
-    if (!stacks_busy.exchange(true)) {
-      for (;;) {
-        do {
-          stacks_seq = stacks_wanted.load();
-          bool whole = false;
-          for (int tries = 0; !whole && tries < kDumpTries; ++tries) whole = airhost::detail::read_guarded(dump_into_file, nullptr, kDumpLimitMs);
-          if (!whole) {
-            put("error: the stacks kept changing while they were read (threads running Python); ask again\n");
-          }
-          put(airhost::detail::kStacksEnd), put("seq="), put(stacks_seq), put("\n");
-        } while (stacks_wanted.load() != stacks_seq);
-        stacks_busy.store(false);
-        // A request that came between the last check and the store above found the flag still
-        // set and left its answer to this thread: take it back, unless another thread has.
-        if (stacks_wanted.load() == stacks_seq || stacks_busy.exchange(true)) break;
-      }
-    }
-  }
-  errno = saved;
+void answer(unsigned seq) {
+  stacks_seq = seq;
+  bool whole = false;
+  for (int tries = 0; !whole && tries < kDumpTries; ++tries)
+    whole = airhost::detail::read_guarded(dump_into_file, nullptr, kDumpLimitMs);
+  if (!whole) put("error: the stacks kept changing while they were read (threads running Python); ask again\n");
+  put(airhost::detail::kStacksEnd), put("seq="), put(seq), put("\n");
 }
 
-// Called by bootstrap.py on the main thread, with the GIL, in every rank (cold or forked warm).
+// The watcher: every signal blocked (a signal for the process goes to the threads that had it
+// before), reading requests until the host closes the channel. Requests that came while one
+// was answered are answered once, with the newest number.
+void* watch_requests(void*) {
+  sigset_t all;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
+  unsigned char buf[64];
+  std::size_t have = 0;
+  for (;;) {
+    const ssize_t n = ::read(control_fd, buf + have, sizeof buf - have);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return nullptr;  // the host is gone (or the channel was closed)
+    have += static_cast<std::size_t>(n);
+    if (have < 4) continue;
+    const std::size_t last = (have / 4 - 1) * 4;
+    const unsigned seq = buf[last] | buf[last + 1] << 8 | buf[last + 2] << 16 | static_cast<unsigned>(buf[last + 3]) << 24;
+    std::memmove(buf, buf + last + 4, have - last - 4);
+    have -= last + 4;
+    if (stacks_fd >= 0 && ::getpid() == stacks_pid) answer(seq);
+  }
+}
+
+// Called by bootstrap.py on the main thread, with the GIL, in every rank (cold or forked warm),
+// before any user code.
 bool watch_stacks(const std::string& path) {
+  if (control_fd < 0 || ::getpid() != control_pid) return false;  // no host to ask
   if (!dump_threads) {
     // Exported by CPython since 3.x for faulthandler; newer versions may name it anew.
     for (const char* name : {"PyUnstable_DumpTracebackThreads", "_Py_DumpTracebackThreads"})
       if ((dump_threads = reinterpret_cast<DumpThreads>(::dlsym(RTLD_DEFAULT, name)))) break;
     if (!dump_threads) return false;
   }
+  if (stacks_fd >= 0 && stacks_pid == ::getpid()) return true;  // watching already
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return false;
-  if (stacks_fd >= 0) ::close(stacks_fd);
   stacks_fd = fd;
   stacks_pid = ::getpid();
   stacks_interp = PyInterpreterState_Get();
   stacks_main = static_cast<unsigned long long>(PyThread_get_thread_ident());
-  struct sigaction sa{};
-  sa.sa_sigaction = on_stacks_signal;
-  sa.sa_flags = SA_SIGINFO | SA_RESTART;
-  sigemptyset(&sa.sa_mask);
-  return ::sigaction(airhost::detail::stacks_signal(), &sa, nullptr) == 0;
+  pthread_attr_t attr;
+  ::pthread_attr_init(&attr);
+  ::pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  ::pthread_attr_setstacksize(&attr, 256 * 1024);  // it only reads, and hands the walk to a task
+  pthread_t thread;
+  const int rc = ::pthread_create(&thread, &attr, watch_requests, nullptr);
+  ::pthread_attr_destroy(&attr);
+  if (rc != 0) return false;
+  ::pthread_setname_np(thread, "airhost-stacks");
+  // From here the host writes requests on the channel (host/launch/frames.hpp).
+  try {
+    send(FrameKind::stacks_watch, {});
+  } catch (const std::exception&) {
+    return false;  // the host is gone: nobody will ask
+  }
+  return true;
 }
 
 }  // namespace
@@ -217,7 +235,8 @@ PYBIND11_EMBEDDED_MODULE(_airhost_rank, m) {
         },
         "Adopt `fd` as this rank's control channel.");
   m.def("watch_stacks", &watch_stacks, py::arg("path"),
-        "Write this rank's Python stacks into `path` on the host's request (a signal).");
+        "Write this rank's Python stacks into `path` on the host's request (a thread of its own reads\n"
+        "the requests on the control channel; no signal reaches the rank's threads).");
   m.def("clearenv", []() { ::clearenv(); }, "Empty the C environment (os.environ is rebuilt after).");
   m.def("die_with_parent",
         [](int parent, int sig) {

@@ -1,8 +1,8 @@
 // fault_guard.hpp — a read of memory that another thread may be changing, which survives a fault.
 //
-// A rank answers `airhost stacks` from a signal handler, walking CPython's thread states
-// without the GIL as faulthandler does: that is what lets a rank stuck in a C call that holds
-// the GIL answer at all. But the other threads keep running while it reads, and a thread
+// A rank answers `airhost stacks` from a thread of airhost's own, walking CPython's thread
+// states without the GIL as faulthandler does: that is what lets a rank stuck in a C call that
+// holds the GIL answer at all. But the other threads keep running while it reads, and a thread
 // that pushes or pops frames (an import, a data-loader thread) can free the memory being
 // read. faulthandler reads that way only when the process is dying anyway; a rank asked for
 // its stacks must live on.
@@ -14,7 +14,7 @@
 // another library installs (faulthandler.enable(), a JVM, a crash reporter), before, during or
 // after a read, stays as it installed it, and a real fault of any thread reaches it.
 //
-// Async-signal-safe: meant to be called from a signal handler. One guarded read at a time in
+// Async-signal-safe (it may be called from a signal handler too). One guarded read at a time in
 // the process; a second one while the first runs returns false at once. The read may write to
 // descriptors (they are shared) and to memory; it must not take locks or allocate with malloc.
 #pragma once

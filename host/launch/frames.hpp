@@ -38,6 +38,10 @@ enum class FrameKind : std::uint16_t {
   // and where ("shm" or "file"). It is the only kind that carries a descriptor, so the host
   // matches descriptors to these frames in order. Results of up to 64 KiB come as `result`.
   result_fd = 4,
+  // rank → host, empty: the rank answers stacks requests. From then on the host writes each
+  // request's number, 4 bytes little endian, on this same channel (the only bytes that go the
+  // other way), and a thread of the rank's own rewrites its dump (launch/stacks.hpp).
+  stacks_watch = 5,
 };
 
 constexpr std::uint32_t kFrameMagic = 0x31464841u;  // "AHF1"

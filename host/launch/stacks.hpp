@@ -1,12 +1,13 @@
-// stacks.hpp — every rank's Python stacks, on demand: the dump a rank writes from a signal
-// handler, read back, grouped (ranks whose main threads stand in the same place are shown
+// stacks.hpp — every rank's Python stacks, on demand: the dump a rank writes when asked, read
+// back, grouped (ranks whose main threads stand in the same place are shown
 // once, the odd ones out first), and shown as text or JSON. Pure: no loop, no processes
 // (stacks_service.hpp asks the ranks and collects).
 //
 // The rank's side (runtime/rank_module.cpp, installed by bootstrap.py in cold and warm ranks
-// alike): on stacks_signal() it rewrites <run_dir>/stacks/rank-N.dump, from the signal
-// handler and without the GIL (CPython's _Py_DumpTracebackThreads, what faulthandler uses),
-// so a rank stuck in a C call that holds the GIL answers too:
+// alike): a thread of its own reads each request's number on the control channel and
+// rewrites <run_dir>/stacks/rank-N.dump without the GIL (CPython's _Py_DumpTracebackThreads,
+// what faulthandler uses), so a rank stuck in a C call that holds the GIL answers too, and no
+// signal cuts short what the rank's threads are blocked in:
 //
 //   airhost-stacks seq=7 pid=4242 main=139871234567
 //   Thread 0x00007f... (most recent call first):
@@ -14,7 +15,7 @@
 //     ...
 //   airhost-stacks-end seq=7
 //
-// `seq` is the host's request number (sigqueue's value), so a dump left by an earlier request
+// `seq` is the host's request number, so a dump left by an earlier request
 // is never taken for this one's; `main` is the main thread's id.
 #pragma once
 
@@ -29,9 +30,6 @@
 
 namespace airhost::detail {
 
-// The signal a rank dumps its stacks on: a real-time one, which neither the ranks (SIGUSR1
-// and SIGUSR2 carry a scheduler's warning) nor torch use.
-inline int stacks_signal() { return SIGRTMIN + 7; }
 inline constexpr const char* kStacksHeader = "airhost-stacks ";
 inline constexpr const char* kStacksEnd = "airhost-stacks-end ";
 
@@ -44,7 +42,7 @@ struct StackFrame {
 struct ThreadStack {
   unsigned long long id = 0;
   bool main = false;     // the interpreter's main thread (where the training loop runs)
-  bool current = false;  // the thread that ran the signal handler
+  bool current = false;  // the thread that wrote the dump (none: a thread of airhost's own does)
   bool truncated = false;
   std::vector<StackFrame> frames;  // innermost first, as CPython writes them
 };

@@ -135,17 +135,6 @@ long long cpu_ticks(int pid) {
   return utime < 0 || stime < 0 ? -1 : utime + stime;
 }
 
-bool catches_signal(int pid, int sig) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("SigCgt:", 0) != 0) continue;
-    const unsigned long long mask = std::strtoull(line.c_str() + 7, nullptr, 16);
-    return sig >= 1 && sig <= 64 && (mask >> (sig - 1)) & 1ULL;
-  }
-  return false;
-}
-
 struct StacksService::Impl {
   Options opt;
   std::string stacks_dir;
@@ -390,7 +379,6 @@ struct StacksService::Impl {
     asking = only ? std::optional<std::vector<int>>(*only) : std::nullopt;
     ++seq;
     targets.clear();
-    const int sig = stacks_signal();
     for (const Rank& r : opt.ranks()) {
       Target t{r, std::nullopt};
       if (!r.alive) {
@@ -399,15 +387,18 @@ struct StacksService::Impl {
       } else if (only && std::find(only->begin(), only->end(), r.rank) == only->end()) {
         t.answer = RankStacks{};
         t.answer->status = "not asked";
-      } else if (!catches_signal(r.pid, sig)) {
+      } else if (r.request_fd < 0) {
         t.answer = RankStacks{};
         t.answer->status = "no answer: it is not ready for the request yet (starting)";
         t.answer->proc_state = proc_state(r.pid);
         t.answer->wchan = proc_wchan(r.pid);
       } else {
-        sigval v{};
-        v.sival_int = static_cast<int>(seq);
-        if (::sigqueue(r.pid, sig, v) != 0) {
+        const unsigned char number[4] = {static_cast<unsigned char>(seq), static_cast<unsigned char>(seq >> 8),
+                                         static_cast<unsigned char>(seq >> 16), static_cast<unsigned char>(seq >> 24)};
+        // Never blocks: a rank that stopped reading (stuck, stopped) has a full buffer, and is
+        // named when the wait is over, as one that does not answer.
+        if (::send(r.request_fd, number, sizeof number, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && errno != EAGAIN &&
+            errno != EWOULDBLOCK && errno != EINTR) {
           t.answer = RankStacks{};
           t.answer->status = "exited";
         }

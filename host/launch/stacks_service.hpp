@@ -1,10 +1,10 @@
 // stacks_service.hpp — the host's side of `airhost stacks`: asking every rank of this node for
 // its Python stacks and collecting the answers, on the supervisor's loop.
 //
-//   collect():  each live rank that has airhost's handler (/proc/PID/status SigCgt: a rank
-//               still starting, before bootstrap.py installed it, would die of the signal's
-//               default action) gets stacks_signal() by sigqueue with the request's number;
-//               its handler rewrites <run_dir>/stacks/rank-N.dump. A timer reads the dumps
+//   collect():  each live rank that said it watches (FrameKind::stacks_watch; a rank still
+//               starting has not) gets the request's number on its control channel; a thread
+//               of its own rewrites <run_dir>/stacks/rank-N.dump, and no signal interrupts
+//               what the rank's threads are blocked in. A timer reads the dumps
 //               every 20 ms until each has its end line or `wait` passed; a rank that did not
 //               answer is named with /proc's state and wchan. The snapshot goes to
 //               <run_dir>/stacks/<time>.txt (every thread of every rank), then to the callers.
@@ -64,8 +64,6 @@ std::size_t socket_address(const std::string& dir, const std::string& name, sock
 // What /proc says of `pid`: "S (sleeping)" and its wchan; empty when it cannot be read.
 std::string proc_state(int pid);
 std::string proc_wchan(int pid);
-// Whether `pid` has a handler for `sig` (SigCgt of /proc/PID/status).
-bool catches_signal(int pid, int sig);
 
 class StacksService {
  public:
@@ -74,6 +72,7 @@ class StacksService {
     int local_rank = 0;
     int pid = 0;
     bool alive = false;
+    int request_fd = -1;  // its control channel, once it watches for requests; -1 before
   };
   struct Options {
     uv_loop_t* loop = nullptr;

@@ -121,6 +121,7 @@ struct Supervisor::Impl {
     std::unique_ptr<RankStream> out_stream, err_stream;
     FrameDecoder frames;
     std::deque<int> passed_fds;  // received on the control channel, not yet matched to a frame
+    bool stacks_watch = false;   // it reads stacks requests on its control channel (FrameKind::stacks_watch)
     uv_timer_t drain{};          // from `exited`: closes what is still open after kDrainMs
 
     bool alive() const { return life == Life::running || life == Life::stopping; }
@@ -426,6 +427,9 @@ struct Supervisor::Impl {
         r.report.error = std::move(e);
         break;
       }
+      case FrameKind::stacks_watch:
+        r.stacks_watch = true;
+        break;
       default:
         break;  // kinds newer than this host: skipped by design
     }
@@ -1189,7 +1193,8 @@ struct Supervisor::Impl {
     o.ranks = [this] {
       std::vector<StacksService::Rank> list;
       for (auto& r : ranks)
-        list.push_back({r->report.rank, r->report.local_rank, r->report.pid, r->alive() && r->report.pid > 0});
+        list.push_back({r->report.rank, r->report.local_rank, r->report.pid, r->alive() && r->report.pid > 0,
+                        r->stacks_watch && r->ctl.open ? r->ctl.fd : -1});
       return list;
     };
     stacks = std::make_unique<StacksService>(std::move(o));

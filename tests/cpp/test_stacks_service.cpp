@@ -28,29 +28,27 @@ using namespace std::chrono_literals;
 
 namespace {
 
-// A child that catches stacks_signal() (so the service asks it) and sleeps until killed.
+// A child that said it watches (its end of a socket pair is the request channel) and never
+// answers: it sleeps until killed, the requests piling up unread.
 struct SilentRank {
   pid_t pid = -1;
+  int fd = -1;  // the host's end
   SilentRank() {
-    int ready[2];
-    REQUIRE(::pipe(ready) == 0);
+    int pair[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) == 0);
     pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
-      struct sigaction sa {};
-      sa.sa_handler = [](int) {};
-      ::sigaction(stacks_signal(), &sa, nullptr);
-      (void)!::write(ready[1], "x", 1);
+      ::close(pair[0]);
       for (;;) ::pause();
     }
-    char c;
-    ::close(ready[1]);
-    REQUIRE(::read(ready[0], &c, 1) == 1);
-    ::close(ready[0]);
+    ::close(pair[1]);
+    fd = pair[0];
   }
   ~SilentRank() {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
+    ::close(fd);
   }
 };
 
@@ -67,7 +65,7 @@ TEST_CASE("a request for every rank is not answered by one under way that asks s
   opt.run_dir = dir.path();
   opt.wait = 200ms;
   opt.ranks = [&] {
-    return std::vector<StacksService::Rank>{{0, 0, zero.pid, true}, {1, 1, one.pid, true}};
+    return std::vector<StacksService::Rank>{{0, 0, zero.pid, true, zero.fd}, {1, 1, one.pid, true, one.fd}};
   };
   StacksService service(opt);
   REQUIRE(service.start() == "");
@@ -109,7 +107,7 @@ TEST_CASE("one sampling at a time: rounds every interval, each rank's CPU, the p
   opt.run_id = "r1";
   opt.run_dir = dir.path();
   opt.wait = 30ms;
-  opt.ranks = [&] { return std::vector<StacksService::Rank>{{0, 0, zero.pid, true}}; };
+  opt.ranks = [&] { return std::vector<StacksService::Rank>{{0, 0, zero.pid, true, zero.fd}}; };
   StacksService service(opt);
   REQUIRE(service.start() == "");
 
@@ -167,7 +165,8 @@ struct SocketClient {
 };
 
 // Runs a service over two silent ranks until `client_done` and a moment more, then closes it.
-void serve_one_client(const std::string& dir, pid_t zero, pid_t one, const std::function<void()>& with_client) {
+void serve_one_client(const std::string& dir, const SilentRank& zero, const SilentRank& one,
+                      const std::function<void()>& with_client) {
   uv_loop_t loop;
   uv_loop_init(&loop);
   StacksService::Options opt;
@@ -175,7 +174,9 @@ void serve_one_client(const std::string& dir, pid_t zero, pid_t one, const std::
   opt.run_id = "r1";
   opt.run_dir = dir;
   opt.wait = 200ms;
-  opt.ranks = [&] { return std::vector<StacksService::Rank>{{0, 0, zero, true}, {1, 1, one, true}}; };
+  opt.ranks = [&] {
+    return std::vector<StacksService::Rank>{{0, 0, zero.pid, true, zero.fd}, {1, 1, one.pid, true, one.fd}};
+  };
   StacksService service(opt);
   REQUIRE(service.start() == "");
   with_client();
@@ -197,7 +198,7 @@ TEST_CASE("a refused sampling request with bytes after its line gets one error l
   airhost_test::TempDir dir;
   SilentRank zero, one;
   std::unique_ptr<SocketClient> client;
-  serve_one_client(dir.path(), zero.pid, one.pid, [&] {
+  serve_one_client(dir.path(), zero, one, [&] {
     client = std::make_unique<SocketClient>(dir.path(), "stacks sample=50\n" + std::string(600, 'x'), false);
   });
   client->thread.join();
@@ -217,7 +218,7 @@ TEST_CASE("a client that leaves before its answer cannot kill a program whose SI
       ::signal(SIGPIPE, SIG_DFL);
       std::unique_ptr<SocketClient> client;
       auto run = [&] {
-        serve_one_client(dir.path(), zero.pid, one.pid,
+        serve_one_client(dir.path(), zero, one,
                          [&] { client = std::make_unique<SocketClient>(dir.path(), "stacks\n", true); });
       };
       if (guarded) {

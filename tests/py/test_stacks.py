@@ -451,3 +451,41 @@ def test_stacks_never_touch_the_ranks_own_fault_handlers(airhost, tmp_path):
     log = run.log(0, "stderr").decode()
     assert "Fatal Python error: Segmentation fault" in log, log[-2000:]
     assert "faulthandler_churn.py" in log
+
+
+def test_being_watched_cuts_no_blocking_call_short(airhost, tmp_path):
+    # #33: stacks were taken by a signal to the rank, which cut short what it was blocked in (a
+    # C sleep(16) under --hang-timeout 12s returned after under 5 s). Now a thread of the rank's
+    # own takes them: under the densest hang watch (a sample every second) and `airhost stacks`
+    # asked over and over, each call returns what it returns under plain python, when it would.
+    work = tmp_path / "calls"
+    work.mkdir()
+    seconds = 2
+    started = airhost.start(script("blocking_calls.py"), "-n", "1", "--hang-timeout", "1s", "--on-hang", "report",
+                            "--", work, str(seconds))
+    env = airhost.env(started.runs_root)
+    wait_for(lambda: (work / "ready").exists(), 60, "the rank running")
+    asked, seen = 0, set()
+    while started.proc.poll() is None:
+        done = subprocess.run([airhost.binary, "stacks", "--json"], env=env, capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            assert any(why in done.stderr for why in ("has ended", "no live run", "ended meanwhile")), done.stderr
+            break
+        asked += 1
+        rank = json.loads(done.stdout)["ranks"][0]
+        if rank["answered"]:
+            seen.add(rank["where"].rsplit(" in ", 1)[-1])
+    run = started.finish(timeout=60)
+    run.assert_rc(0)
+    assert asked >= 100, f"stacks asked only {asked} times"
+    out = run.log(0).decode()
+    expected = {"in_c_sleep": "0 errno=0", "in_c_nanosleep": "0 errno=0", "in_c_poll": "0 errno=0",
+                "in_c_select": "0 errno=0", "in_c_epoll_wait": "0 errno=0", "in_c_sem_timedwait": "-1 errno=110",
+                "in_c_read": "1 errno=0", "in_python_sleep": "0 errno=0", "in_python_select": "0 errno=0"}
+    for name, result in expected.items():
+        m = re.search(rf"^{name} rc=(.*) took=([\d.]+)$", out, re.M)
+        assert m, out
+        assert m.group(1) == result and float(m.group(2)) >= seconds - 0.05, f"{name} was cut short: {m.group(0)}"
+    # and the stacks named where the rank was (the calls hold the GIL: read without it)
+    assert len(seen & set(expected)) >= 5, seen
