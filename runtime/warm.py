@@ -325,19 +325,23 @@ class Server:
             signal.signal(sig, self.on_term)
         for sig in (signal.SIGUSR1, signal.SIGUSR2):  # a scheduler's warning is for the ranks
             signal.signal(sig, signal.SIG_IGN)
-        # Bound only once preloaded: a connection means a server ready to fork.
+        # Bound only once preloaded: a connection means a server ready to fork. Bound under a
+        # name of its own, then renamed into place once it listens: a launch that finds the
+        # socket and is refused knows its server is gone, and may remove it.
         old_umask = os.umask(0o177)
+        staging = f"{self.sock_path}.{os.getpid()}"
         try:
             try:
-                os.unlink(self.sock_path)
+                os.unlink(staging)
             except FileNotFoundError:
                 pass
             self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            self.listener.bind(self.sock_path)
+            self.listener.bind(staging)
         finally:
             os.umask(old_umask)
-        os.chmod(self.sock_path, 0o600)
+        os.chmod(staging, 0o600)
         self.listener.listen(64)
+        os.rename(staging, self.sock_path)
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.listener, selectors.EVENT_READ, "listen")
         self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")

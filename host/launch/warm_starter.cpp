@@ -276,7 +276,17 @@ int warm_connect(const std::string& path) {
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0) {
     const int err = errno;
     ::close(fd);
-    if (err == ECONNREFUSED) throw WarmUnavailable("stale warm socket " + path + " (no server listening)");
+    if (err == ECONNREFUSED) {
+      // Nobody listens: its server is gone (a server only renames its socket into place once
+      // it listens). The user's own socket goes, so that the next launches do not say so
+      // again; unless another server put its own there meanwhile (another inode).
+      struct stat again{};
+      if (::lstat(path.c_str(), &again) == 0 && again.st_ino == st.st_ino && again.st_dev == st.st_dev &&
+          ::unlink(path.c_str()) == 0)
+        throw WarmUnavailable("removed the stale warm socket " + path +
+                              " (its server is gone; airhost warm start starts another)");
+      throw WarmUnavailable("stale warm socket " + path + " (no server listening)");
+    }
     throw WarmUnavailable("cannot connect to " + path + ": " + std::strerror(err));
   }
   ucred cred{};

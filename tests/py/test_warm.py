@@ -297,7 +297,11 @@ def test_a_stale_socket_is_ignored_then_replaced(airhost, warm, tmp_path):
     write(airhost.work / "hi.py", "print('hi')\n")
     run = airhost("hi.py", "-n", "1")
     run.assert_rc(0)
-    assert "stale warm socket" in run.err and "cold start" in run.err
+    assert "removed the stale warm socket" in run.err and "cold start" in run.err
+    assert not warm.socket.exists()
+    again = airhost("hi.py", "-n", "1")  # said once: the next launch has nothing to say of it
+    again.assert_rc(0)
+    assert "stale warm socket" not in again.err and "cold start" not in again.err, again.err
     warm.start("--preload", "none")
     run = airhost("hi.py", "-n", "1")
     assert "warm start (server pid" in run.err
