@@ -252,6 +252,8 @@ int logs_command(const std::vector<std::string>& args) {
     settle(other);
     run = other;
   }
+  if (run.ranks.empty() && run.state == "unknown" && !run.problem.empty())
+    throw ConfigError("cannot read run " + run.id + ": " + run.problem);
   if (run.ranks.empty()) throw ConfigError("run " + run.id + " has no rank logs yet (" + run.state + "); try again in a moment");
   if (node && *node != run.node_rank)
     throw ConfigError("run " + run.id + " holds the logs of node " + std::to_string(run.node_rank) + " only (" +

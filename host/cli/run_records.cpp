@@ -74,8 +74,9 @@ RunRecord parse_run_record(const std::string& dir, const std::string& json_text)
   try {
     j = JsonValue::parse(json_text);
   } catch (const JsonError& e) {
+    // Written whole or not at all (atomically): a record that does not parse stays so.
     r.state = "unknown";
-    r.problem = dir + "/run.json: " + e.what();
+    r.problem = "its record " + dir + "/run.json is corrupt (" + e.what() + ")";
     return r;
   }
   r.id = j["run_id"].str(r.id);
@@ -353,6 +354,17 @@ void settle_by_slurm(RunRecord& r, SlurmJobs& slurm) {
 
 }  // namespace
 
+bool looks_like_run_id(const std::string& name) {
+  // make_run_id(): YYYYMMDD-HHMMSS-xxxxxx
+  if (name.size() != 22 || name[8] != '-' || name[15] != '-') return false;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    if (i == 8 || i == 15) continue;
+    const char c = name[i];
+    if (i < 15 ? !(c >= '0' && c <= '9') : !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
 std::vector<RunRecord> list_runs(const std::string& root, bool ask_slurm) {
   std::vector<RunRecord> runs;
   DIR* d = ::opendir(root.c_str());
@@ -363,6 +375,9 @@ std::vector<RunRecord> list_runs(const std::string& root, bool ask_slurm) {
     const std::string dir = root + "/" + name;
     struct stat st{};
     if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+    // A folder that is not a run (a backup, a user's own) is no run: one without run.json is a
+    // run only when airhost named it (a submit makes it a moment before run.json).
+    if (!looks_like_run_id(name) && ::access((dir + "/run.json").c_str(), F_OK) != 0) continue;
     RunRecord r = read_run_record(dir);
     settle_here(r);
     runs.push_back(std::move(r));

@@ -120,6 +120,9 @@ std::vector<std::pair<std::string, bool>> parse_squeue_states(const std::vector<
 // requeue is not in its default list.
 std::optional<bool> slurm_job_active(const std::string& job_id);  // succeeded, failed, cancelled, ...: not running, starting, lost, unknown
 
+// Whether `name` has the shape of a run id airhost makes (YYYYMMDD-HHMMSS-xxxxxx).
+bool looks_like_run_id(const std::string& name);
+
 // Every run directory under `root`, read and settled, newest first. A root that does not
 // exist holds no runs. `ask_slurm`: settle the runs of Slurm jobs by what Slurm says (one
 // squeue call for them all); without it, they are as their run.json says: a read-back of one

@@ -13,6 +13,7 @@
 #include "base/errors.hpp"
 #include "base/json_value.hpp"
 #include "cli/run_records.hpp"
+#include "launch/run_dir.hpp"
 #include "launch/run_report.hpp"
 
 using airhost::detail::ConfigError;
@@ -149,7 +150,7 @@ TEST_CASE("records written before run.json had a state, and texts that are not J
   RunRecord broken = parse_run_record("/runs/broken", "{\"run_id\": ");
   CHECK(broken.id == "broken");
   CHECK(broken.state == "unknown");
-  CHECK(broken.problem.find("/runs/broken/run.json: invalid JSON") == 0);
+  CHECK(broken.problem.find("its record /runs/broken/run.json is corrupt (invalid JSON") == 0);
 }
 
 TEST_CASE("a run id is latest, a full id or a unique prefix; anything else is one sentence") {
@@ -221,4 +222,13 @@ TEST_CASE("squeue's answer for several jobs: each asked job active or not, a job
     CHECK(states[i] == expected[i]);
   }
   CHECK(parse_squeue_states({"1"}, "").front().second == false);
+}
+
+TEST_CASE("a run id has the shape airhost makes; a user's folder has not") {
+  CHECK(looks_like_run_id(make_run_id()));
+  CHECK(looks_like_run_id("20261206-191149-e05275"));
+  CHECK_FALSE(looks_like_run_id("backup"));
+  CHECK_FALSE(looks_like_run_id("20261206-191149-e05275-node1"));
+  CHECK_FALSE(looks_like_run_id("20261206-191149-E05275"));
+  CHECK_FALSE(looks_like_run_id("2026120x-191149-e05275"));
 }

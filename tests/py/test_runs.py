@@ -245,3 +245,24 @@ def test_a_python_api_run_is_listed_and_its_logs_read_like_any_other(runs, tmp_p
     assert logs.stdout == "api rank 1\n"
     # Its host is the caller's process, which keeps its signals: cancel says where to cancel it.
     assert runs.record(listed["run_id"])["host_handles_signals"] is False
+
+
+def test_the_runs_root_lists_runs_only_and_names_a_corrupt_record(runs):
+    # #33 item 6: a folder that is not a run was listed, became `latest`, and was never pruned;
+    # a run whose run.json does not parse said "try again in a moment".
+    ok = runs(script("hello.py"), "-n", "1")
+    assert ok.returncode == 0, ok.stderr
+    run_id = runs.listed()[0]["run_id"]
+    backup = runs.root / "backup"
+    (backup / "old").mkdir(parents=True)  # the user's own folder, newer than the run
+    listed = runs.listed()
+    assert [r["run_id"] for r in listed] == [run_id]
+    latest = runs("logs", "latest")
+    assert latest.returncode == 0 and "hello from rank 0" in latest.stdout, latest.stderr
+
+    (runs.root / run_id / "run.json").write_text('{"run_id": "' + run_id + '", "state": "succ')  # cut short
+    logs = runs("logs", run_id)
+    assert logs.returncode == 2, logs.stderr
+    assert f"cannot read run {run_id}: its record {runs.root / run_id}/run.json is corrupt" in logs.stderr, logs.stderr
+    assert "try again" not in logs.stderr
+    assert backup.is_dir()
