@@ -82,6 +82,21 @@ std::string sbatch_submit(const std::string& script_path) {
     std::string said = out;
     for (auto& c : said)
       if (c == '\n') c = ' ';
+    // sbatch is there but no Slurm to speak to (no configuration, no controller): no setting
+    // of the job's would fix it.
+    static const char* const kUnreachable[] = {
+        "Could not establish a configuration source", "Unable to process configuration file",
+        "Unable to contact slurm controller", "Zero Bytes were transmitted or received",
+        "Socket timed out", "Connection refused", "Communication connection failure"};
+    for (const char* sign : kUnreachable)
+      if (out.find(sign) != std::string::npos) {
+        std::string fatal = said;
+        if (const auto at = out.find("fatal: "); at != std::string::npos)
+          fatal = trim(out.substr(at + 7, out.find('\n', at) == std::string::npos ? std::string::npos : out.find('\n', at) - at - 7));
+        throw ConfigError("Slurm is not reachable from this machine: sbatch is installed, but says \"" + fatal + "\"" +
+                          "; nothing was submitted (check that slurmctld runs and that SLURM_CONF or /etc/slurm "
+                          "names it, or run the job on this machine with --to local)");
+      }
     throw ConfigError("sbatch refused the job: " + (said.empty() ? std::string("no message") : said) +
                       "; nothing was submitted (fix the [slurm] setting or flag it names)");
   }

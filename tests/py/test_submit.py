@@ -139,3 +139,17 @@ def test_a_node_of_a_slurm_job_that_cannot_see_the_run_directory_says_so_and_sta
     run.assert_rc(2)
     assert "its directory" in run.err and "is not on this node" in run.err and "AIRHOST_RUNS_DIR" in run.err, run.err
     assert "hello from rank" not in run.out
+
+
+@pytest.mark.skipif(not __import__("shutil").which("sbatch") or os.path.exists("/etc/slurm/slurm.conf"),
+                    reason="needs sbatch installed with no Slurm configured, as on this test machine")
+def test_sbatch_without_a_slurm_to_reach_says_so_and_offers_to_run_here(runs):
+    # #33 item 7: sbatch installed, no Slurm configured: it said to fix a [slurm] setting.
+    env = {k: v for k, v in runs.env.items() if not k.startswith("SLURM_")}
+    done = subprocess.run([runs.airhost.binary, "submit", "--to", "slurm", script("hello.py")], cwd=runs.cwd, env=env,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith("airhost: Slurm is not reachable from this machine: sbatch is installed, but says \""), line
+    assert "--to local" in line and "[slurm] setting" not in line, line
+    assert not runs.root.exists() or not any(runs.root.iterdir())
