@@ -189,6 +189,14 @@ class Run {
                              " of " + std::to_string(e.max_restarts) + ")\n"});
       cv_.notify_all();
     };
+    // What the CLI says on stderr (a hang report, where the other ranks were when one failed)
+    // reaches the caller's stderr too, a line of its own among the rank output.
+    cb.on_host_line = [this](const std::string& line) {
+      std::lock_guard lock(mutex_);
+      pieces_.push_back({static_cast<int>(Stream::err), (last_newline_ ? "" : "\n") + ("airhost: " + line + "\n")});
+      last_newline_ = true;
+      cv_.notify_all();
+    };
     launcher_ = std::make_unique<Launcher>(std::move(spec), std::move(cb));
     thread_ = std::thread([this] {
       RunReport report;

@@ -60,6 +60,13 @@ void HostOutput::log(std::string_view line) {
 void HostOutput::say(std::string_view line) {
   log(line);
   if (err_) err_->write("airhost: " + std::string(line) + "\n");
+  if (listener_) {
+    try {
+      listener_(std::string(line));
+    } catch (...) {
+      // the caller's callback: its failure is not the run's
+    }
+  }
 }
 
 void HostOutput::drain(std::chrono::milliseconds timeout) {

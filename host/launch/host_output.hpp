@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -37,8 +38,11 @@ class HostOutput {
   ConsoleWriter* err() const noexcept { return err_.get(); }
 
   // A line of airhost's own (no "airhost: " and no '\n' in `line`): into the host log with its
-  // time, and on stderr as "airhost: LINE" when forwarding. Any thread; never blocks on a reader.
+  // time, on stderr as "airhost: LINE" when forwarding, and to the listener (a caller that
+  // shows the console itself: Callbacks::on_host_line). Any thread; never blocks on a reader.
   void say(std::string_view line);
+  // Set before the first line is said (not thread-safe against say()).
+  void set_listener(std::function<void(const std::string&)> listener) { listener_ = std::move(listener); }
   // Into the host log only: what the console already showed in its own way (a rank's note).
   void log(std::string_view line);
 
@@ -51,6 +55,7 @@ class HostOutput {
 
  private:
   std::unique_ptr<ConsoleWriter> out_, err_;
+  std::function<void(const std::string&)> listener_;
   std::string log_path_;
   UniqueFd log_fd_;
   bool log_broken_ = false;  // a write failed (a full disk): said once, then tried no more

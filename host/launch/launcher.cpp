@@ -378,6 +378,7 @@ RunReport Launcher::run() {
   // What the host itself says from here on (the join, the ranks' notes, restarts) goes to the
   // host log and, never blocking on the reader, to the caller's terminal.
   detail::HostOutput out(spec.output.forward, spec.run_dir);
+  if (impl_->callbacks.on_host_line && !spec.output.forward) out.set_listener(impl_->callbacks.on_host_line);
 
   std::string target = spec.entry.target;
   if (spec.entry.kind == Entry::Kind::pickled && target.empty()) {

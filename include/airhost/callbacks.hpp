@@ -48,6 +48,12 @@ struct Callbacks {
   // for ended (the CLI saves the results there, so that a reader never finds an ended run
   // without them). Called on the launching thread; an exception it throws is said and ignored.
   std::function<void(const RunReport&)> before_final_record;
+  // Each line airhost says about the run, as the CLI prints it on stderr after "airhost: "
+  // (no newline): a hang report and where each rank is, where the other ranks were when one
+  // failed, a node joining or lost, a rank's note. Every one is also in logs/host.log. For a
+  // caller that shows the console itself (on_console, output not forwarded), so that its user
+  // hears what a CLI user hears. Any thread; keep it quick.
+  std::function<void(const std::string& line)> on_host_line;
 };
 
 }  // namespace airhost

@@ -583,15 +583,19 @@ def _results_or_raise(report: dict, opts: _Options) -> List[Any]:
                 mapped[r["rank"]] = r["result"]
             r["result"] = None
     logs = os.path.join(report["run_dir"], "logs")
-    if outcome == "timed_out" and report.get("hang"):
+    stacks = os.path.join(report["run_dir"], "stacks")
+    if outcome == "timed_out" and report.get("hang") and opts.on_hang == "stop":
         raise TimeoutError(
             f"the run hung ({report['hang']}) and every rank was stopped (on_hang='stop'); where each "
-            f"rank stood is in {os.path.join(report['run_dir'], 'stacks')}. Logs: {logs}"
+            f"rank stood is in {stacks}. Logs: {logs}"
         )
     if outcome == "timed_out":
+        # Its timeout ended it; a hang reported before (on_hang='report') is said, not blamed.
+        hung = f" It had been reported hung first ({report['hang']}); where each rank stood is in {stacks}." \
+            if report.get("hang") else ""
         raise TimeoutError(
             f"the run timed out after {opts.timeout} s and every rank was stopped; raise timeout= "
-            f"(or None to disable it). Logs: {logs}"
+            f"(or None to disable it).{hung} Logs: {logs}"
         )
     if outcome == "interrupted":
         raise KeyboardInterrupt(f"the run was interrupted by {_signal_name(report['interrupt_signal'])}")
