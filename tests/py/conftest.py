@@ -397,7 +397,9 @@ def marker_of(tmp_path: Path) -> str:
 
 @pytest.fixture(scope="session")
 def airhost_bin() -> str:
-    path = os.path.join(os.path.dirname(sys.executable), "airhost")
+    """The venv's airhost, or AIRHOST_TEST_AIRHOST: another build's (scripts/sanitize.sh runs
+    tests with build/fuzz/airhost, under AddressSanitizer; it starts the airhost-rank beside it)."""
+    path = os.environ.get("AIRHOST_TEST_AIRHOST") or os.path.join(os.path.dirname(sys.executable), "airhost")
     if not os.access(path, os.X_OK):
         pytest.fail(f"{path} is missing: build and install airhost first (scripts/setup.sh)")
     return path
