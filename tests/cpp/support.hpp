@@ -17,6 +17,14 @@
 
 namespace airhost_test {
 
+// The airhost-rank the tests launch: this build's, or AIRHOST_TEST_RANK_BINARY's. The
+// ThreadSanitizer run (scripts/sanitize.sh) starts build/fuzz's: a rank is not run under TSan,
+// whose runtime cannot follow the task that reads a rank's stacks (base/fault_guard.cpp).
+inline std::string rank_binary() {
+  const char* given = std::getenv("AIRHOST_TEST_RANK_BINARY");
+  return given && *given ? given : AIRHOST_BINARY_DIR "/airhost-rank";
+}
+
 // A fresh directory under the system temp dir, removed with everything in it.
 class TempDir {
  public:

@@ -29,7 +29,7 @@ LaunchSpec spec_for(const TempDir& dir, const std::string& script, int nprocs) {
   LaunchSpec spec;
   spec.entry.target = script;
   spec.nprocs = nprocs;
-  spec.rank_binary = AIRHOST_BINARY_DIR "/airhost-rank";
+  spec.rank_binary = airhost_test::rank_binary();
   spec.run_dir = dir.path() + "/run-" + std::to_string(std::rand());
   spec.output.forward = false;
   spec.grace = std::chrono::milliseconds(2000);

@@ -26,7 +26,7 @@ LaunchSpec function_spec(const TempDir& dir, const std::string& body, int nprocs
   spec.entry.target = dir.write("fn.py", body);
   spec.entry.function = "main";
   spec.nprocs = nprocs;
-  spec.rank_binary = AIRHOST_BINARY_DIR "/airhost-rank";
+  spec.rank_binary = airhost_test::rank_binary();
   spec.run_dir = dir.path() + "/run";
   spec.output.forward = false;
   return spec;
@@ -206,7 +206,7 @@ TEST_CASE("the host takes a descriptor from the control channel only when it is 
     LaunchSpec spec;
     spec.entry.target = script;
     spec.entry.args = {how};
-    spec.rank_binary = AIRHOST_BINARY_DIR "/airhost-rank";
+    spec.rank_binary = airhost_test::rank_binary();
     spec.run_dir = dir.path() + "/run-" + how;
     spec.output.forward = false;
     std::string err;
