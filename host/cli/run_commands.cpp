@@ -122,6 +122,19 @@ int show_run(const RunRecord& r, bool json) {
            json_escape(n.state) + "\", \"exit_code\": " + (n.exit_code ? std::to_string(*n.exit_code) : "null") +
            ", \"run_dir\": \"" + json_escape(n.dir) + "\"}";
     }
+    // Every rank of every node, as its node's record has it now (a live run's too).
+    o += "], \"ranks\": [";
+    bool first = true;
+    for (const auto& n : nodes)
+      for (const auto& k : n.ranks) {
+        o += (first ? "" : ", ") + std::string("{\"rank\": ") + std::to_string(k.rank) + ", \"node\": " +
+             std::to_string(n.node_rank) + ", \"local_rank\": " + std::to_string(k.local_rank) + ", \"pid\": " +
+             std::to_string(k.pid) + ", \"state\": \"" + json_escape(k.state) + "\", \"exit_code\": " +
+             (k.state == "pending" || k.state == "running" ? std::string("null") : std::to_string(k.exit_code)) +
+             ", \"signal\": " + (k.signal_name.empty() ? std::string("null") : "\"" + json_escape(k.signal_name) + "\"") +
+             ", \"error_type\": " + (k.has_error ? "\"" + json_escape(k.error_type) + "\"" : std::string("null")) + "}";
+        first = false;
+      }
     o += "]}\n";
     std::fputs(o.c_str(), stdout);
     return 0;

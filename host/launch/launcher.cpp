@@ -523,6 +523,15 @@ RunReport Launcher::run() {
     plan.callbacks = &impl_->callbacks;
     plan.context = {spec.run_id, spec.run_dir, master_port, static_cast<int>(::getpid()), 3, spec.restart_offset + attempt};
     plan.out = &out;
+    // The live record: each rank's pid and state as they start and exit (a full disk costs
+    // the update, never the run: the final record has its space reserved).
+    plan.on_ranks_changed = [&](const std::vector<RankReport>& now) {
+      try {
+        detail::write_file_atomic(spec.run_dir + "/run.json",
+                                  detail::run_json_started(spec, started, now, spec.restart_offset + attempt, failed_attempts));
+      } catch (const std::exception&) {
+      }
+    };
     if (link) {
       plan.on_teardown = [&link](Outcome reason, const std::string& why, bool cascade, bool hung) {
         link->tell_down(why, cascade, reason == Outcome::timed_out, hung);

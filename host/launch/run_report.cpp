@@ -223,23 +223,51 @@ std::string final_state(Outcome outcome, bool cancel_requested, bool warned, boo
   return to_string(outcome);
 }
 
-std::string run_json_started(const LaunchSpec& spec, double started_at) {
+namespace {
+
+void rank_fields(std::ostringstream& o, const RankReport& r) {
+  o << "{\"rank\": " << r.rank << ", \"local_rank\": " << r.local_rank << ", \"pid\": " << r.pid
+    << ", \"state\": " << q(to_string(r.state)) << ", \"exit_code\": " << r.exit_code << ", \"signal\": " << r.term_signal
+    << ", \"signal_name\": " << (r.term_signal ? q(signal_name(r.term_signal)) : "null") << ", \"has_result\": "
+    << (r.result || r.result_blob ? "true" : "false") << ", \"started_at\": " << number(r.started_at)
+    << ", \"ended_at\": " << number(r.ended_at) << ", \"stdout_log\": " << q(r.stdout_log)
+    << ", \"stderr_log\": " << q(r.stderr_log) << ", \"error\": ";
+  if (r.error) {
+    o << "{\"type\": " << q(r.error->type) << ", \"message\": " << q(r.error->message)
+      << ", \"time\": " << number(r.error->time) << ", \"traceback\": " << q(r.error->traceback) << "}";
+  } else {
+    o << "null";
+  }
+  o << "}";
+}
+
+}  // namespace
+
+std::string run_json_started(const LaunchSpec& spec, double started_at, const std::vector<RankReport>& ranks,
+                             int restarts, const std::vector<std::string>& failed_attempts) {
   std::ostringstream o;
   o << "{\n  \"run_id\": " << q(spec.run_id) << ",\n  \"run_dir\": " << q(spec.run_dir)
     << ",\n  \"state\": \"running\",\n  \"outcome\": null,\n  \"exit_code\": null,\n  \"root_cause\": -1"
     << ",\n  \"message\": " << q("run " + spec.run_id + " is running") << ",\n  \"wall_seconds\": 0"
-    << ",\n  \"restarts\": " << spec.restart_offset << ",\n  \"failed_attempts\": []";
+    << ",\n  \"restarts\": " << (restarts >= 0 ? restarts : spec.restart_offset) << ",\n  \"failed_attempts\": [";
+  for (std::size_t i = 0; i < failed_attempts.size(); ++i) o << (i ? ", " : "") << q(failed_attempts[i]);
+  o << "]";
   host_fields(o, spec, started_at, 0);
   entry_fields(o, spec);
-  // The ranks to be: where their logs will be, so that `airhost logs` can follow them now.
   o << ",\n  \"ranks\": [";
-  for (int i = 0; i < spec.nprocs; ++i) {
-    const int rank = spec.node_rank * spec.nprocs + i;
-    const std::string base = spec.run_dir + "/logs/rank-" + std::to_string(rank);
-    o << (i ? "," : "") << "\n    {\"rank\": " << rank << ", \"local_rank\": " << i
-      << ", \"pid\": 0, \"state\": \"pending\", \"exit_code\": -1, \"signal\": 0, \"signal_name\": null"
-      << ", \"has_result\": false, \"started_at\": 0, \"ended_at\": 0, \"stdout_log\": " << q(base + ".stdout.log")
-      << ", \"stderr_log\": " << q(base + ".stderr.log") << ", \"error\": null}";
+  if (!ranks.empty()) {
+    for (std::size_t i = 0; i < ranks.size(); ++i) o << (i ? "," : "") << "\n    ", rank_fields(o, ranks[i]);
+  } else {
+    // The ranks to be: where their logs will be, so that `airhost logs` can follow them now.
+    for (int i = 0; i < spec.nprocs; ++i) {
+      RankReport r;
+      r.rank = spec.node_rank * spec.nprocs + i;
+      r.local_rank = i;
+      const std::string base = spec.run_dir + "/logs/rank-" + std::to_string(r.rank);
+      r.stdout_log = base + ".stdout.log";
+      r.stderr_log = base + ".stderr.log";
+      o << (i ? "," : "") << "\n    ", rank_fields(o, r);
+    }
   }
   o << "\n  ]\n}\n";
   return o.str();
@@ -268,23 +296,7 @@ std::string run_json(const RunReport& report, const LaunchSpec& spec, double sta
   host_fields(o, spec, started_at, started_at + report.wall_seconds);
   entry_fields(o, spec);
   o << ",\n  \"ranks\": [";
-  for (std::size_t i = 0; i < report.ranks.size(); ++i) {
-    const auto& r = report.ranks[i];
-    o << (i ? "," : "") << "\n    {\"rank\": " << r.rank << ", \"local_rank\": " << r.local_rank
-      << ", \"pid\": " << r.pid << ", \"state\": " << q(to_string(r.state)) << ", \"exit_code\": "
-      << r.exit_code << ", \"signal\": " << r.term_signal << ", \"signal_name\": "
-      << (r.term_signal ? q(signal_name(r.term_signal)) : "null") << ", \"has_result\": "
-      << (r.result || r.result_blob ? "true" : "false") << ", \"started_at\": " << number(r.started_at)
-      << ", \"ended_at\": " << number(r.ended_at) << ", \"stdout_log\": " << q(r.stdout_log)
-      << ", \"stderr_log\": " << q(r.stderr_log) << ", \"error\": ";
-    if (r.error) {
-      o << "{\"type\": " << q(r.error->type) << ", \"message\": " << q(r.error->message)
-        << ", \"time\": " << number(r.error->time) << ", \"traceback\": " << q(r.error->traceback) << "}";
-    } else {
-      o << "null";
-    }
-    o << "}";
-  }
+  for (std::size_t i = 0; i < report.ranks.size(); ++i) o << (i ? "," : "") << "\n    ", rank_fields(o, report.ranks[i]);
   o << "\n  ]\n}\n";
   return o.str();
 }

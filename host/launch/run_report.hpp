@@ -37,7 +37,11 @@ void conclude_run(RunReport& report, const TeardownCause& cause, const std::vect
 // (write_file_atomic) by run_json() as the run ends. `started_at`: when the launch began
 // (seconds since the epoch). The readers (`airhost runs`, cli/run_records.hpp) tell a run
 // whose host died without replacing it by that pid and its start time.
-std::string run_json_started(const LaunchSpec& spec, double started_at);
+// run.json while the run is on: "running", with the ranks as they are (`ranks`: each one's pid,
+// state and times; empty before any started: each "pending", with its log paths), the restarts
+// so far and what failed the attempts before.
+std::string run_json_started(const LaunchSpec& spec, double started_at, const std::vector<RankReport>& ranks = {},
+                             int restarts = -1, const std::vector<std::string>& failed_attempts = {});
 std::string run_json(const RunReport& report, const LaunchSpec& spec, double started_at);
 
 // The file `airhost cancel` leaves in a run directory before it sends the host SIGTERM, so

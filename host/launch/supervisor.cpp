@@ -177,6 +177,7 @@ struct Supervisor::Impl {
   std::vector<RankUsage> last_usage;
   std::unique_ptr<GpuUsageReader> gpu_reader;  // a GPU run's: NVML, read off the loop
   uv_timer_t usage_timer{};
+  uv_timer_t record_timer{};  // plan.on_ranks_changed, a moment after the ranks changed
   std::unique_ptr<HangWatch> hang_watch;
   std::string hang_seen;  // the report's first line, once a hang was seen
 
@@ -652,10 +653,34 @@ struct Supervisor::Impl {
     r.life = Life::running;
     r.report.state = RankState::running;
     r.report.started_at = now_seconds();
+    ranks_changed();
     if (plan.callbacks->on_rank_event)
       user_callback("the on_rank_event callback", on_rank_event_broken, [&] {
         plan.callbacks->on_rank_event({RankEvent::Kind::started, r.report.rank, r.report.pid, 0, 0});
       });
+  }
+
+  // The live record (Plan::on_ranks_changed): one write for a burst of starts or exits.
+  static constexpr std::uint64_t kRecordEveryMs = 50;
+  void ranks_changed() {
+    if (!plan.on_ranks_changed || phase == Phase::finished || uv_is_active(as_handle(&record_timer))) return;
+    uv_timer_start(&record_timer, [](uv_timer_t* t) {
+      auto* self = static_cast<Impl*>(t->data);
+      self->guarded("recording the ranks", [&] {
+        std::vector<RankReport> now;
+        for (auto& r : self->ranks) {
+          RankReport k;
+          const RankReport& was = r->report;
+          k.rank = was.rank, k.local_rank = was.local_rank, k.pid = was.pid, k.state = was.state;
+          k.exit_code = was.exit_code, k.term_signal = was.term_signal, k.error = was.error;
+          k.stdout_log = was.stdout_log, k.stderr_log = was.stderr_log;
+          k.started_at = was.started_at, k.ended_at = was.ended_at;
+          if (was.result || was.result_blob) k.result.emplace();  // has_result, not the bytes
+          now.push_back(std::move(k));
+        }
+        self->plan.on_ranks_changed(now);
+      });
+    }, kRecordEveryMs, 0);
   }
 
   // A rank could not be started: it failed, and so does the run.
@@ -724,6 +749,7 @@ struct Supervisor::Impl {
     if (ok) r.report.state = RankState::succeeded;
     else if (r.stopped_by_us && !raised_first) r.report.state = RankState::stopped;
     else r.report.state = RankState::failed;
+    ranks_changed();
 
     if (plan.callbacks->on_rank_event)
       user_callback("the on_rank_event callback", on_rank_event_broken, [&] {
@@ -893,6 +919,7 @@ struct Supervisor::Impl {
     uv_close(as_handle(&hang_timer), nullptr);
     uv_close(as_handle(&fr_timer), nullptr);
     uv_close(as_handle(&usage_timer), nullptr);
+    uv_close(as_handle(&record_timer), nullptr);  // the final record is the launcher's
     if (escapees_told) escapees.kill_all();  // what a teardown signal did not end by now
     escapees.close();
     if (stacks) stacks->close();
@@ -1253,6 +1280,8 @@ struct Supervisor::Impl {
     fr_timer.data = this;
     uv_timer_init(&loop, &usage_timer);
     usage_timer.data = this;
+    uv_timer_init(&loop, &record_timer);
+    record_timer.data = this;
     timeout_timer.data = grace_timer.data = output_timer.data = resume_timer.data = alive_timer.data = hang_timer.data = this;
     if (plan.on_alive) {
       plan.on_alive();

@@ -50,6 +50,10 @@ class Supervisor {
     // there see the whole job; another node sends its answer to node 0. Any thread.
     std::function<void(unsigned seq, const std::vector<int>* only)> ask_stacks;
     std::function<void(unsigned seq, const std::string& ranks)> answer_stacks;
+    // The ranks as they are now (pid, state, times, exit; no results), on the loop's thread,
+    // at most every kRecordEveryMs while ranks start and exit: the launcher rewrites run.json
+    // with them, so that a live run's record shows each rank as it is.
+    std::function<void(const std::vector<RankReport>&)> on_ranks_changed;
   };
 
   Supervisor(Plan plan, std::unique_ptr<RankStarter> starter);

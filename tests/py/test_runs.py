@@ -266,3 +266,29 @@ def test_the_runs_root_lists_runs_only_and_names_a_corrupt_record(runs):
     assert f"cannot read run {run_id}: its record {runs.root / run_id}/run.json is corrupt" in logs.stderr, logs.stderr
     assert "try again" not in logs.stderr
     assert backup.is_dir()
+
+
+def test_a_live_run_s_record_shows_each_rank_as_it_is(runs):
+    # #33 item 4: `runs show` said every rank of a running run was pending, pid 0, to its end.
+    host = runs.start(script("sleeper.py"), "-n", "2", "--", "--sleep", "4")
+    run_dir = runs.only_dir()
+
+    def both_running():
+        r = json.loads((run_dir / "run.json").read_text())
+        return r["state"] == "running" and all(k["state"] == "running" and k["pid"] > 0 for k in r["ranks"]) and r
+
+    live = wait_for(both_running, 30, "run.json showing both ranks running")
+    for k in live["ranks"]:
+        cmdline = Path(f"/proc/{k['pid']}/cmdline").read_bytes()
+        assert b"sleeper.py" in cmdline, cmdline  # the rank's own process
+        assert k["started_at"] > 0 and k["ended_at"] == 0
+    shown = runs("runs", "show", live["run_id"], "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert [(k["pid"], k["state"]) for k in json.loads(shown.stdout)["ranks"]] == \
+        [(k["pid"], "running") for k in live["ranks"]]
+    text = runs("runs", "show", live["run_id"]).stdout
+    assert f"pid {live['ranks'][1]['pid']}" in text, text
+    assert host.wait(timeout=60) == 0
+    end = runs.record(live["run_id"])
+    assert [k["pid"] for k in end["ranks"]] == [k["pid"] for k in live["ranks"]]
+    assert all(k["state"] == "succeeded" for k in end["ranks"])
