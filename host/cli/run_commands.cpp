@@ -149,6 +149,8 @@ int show_run(const RunRecord& r, bool json) {
   if (r.host_pid) std::printf("host:      pid %d on %s\n", r.host_pid, r.hostname.empty() ? "?" : r.hostname.c_str());
   if (!r.scheduler_job_id.empty()) std::printf("slurm job: %s\n", r.scheduler_job_id.c_str());
   if (r.restarts) std::printf("restarts:  %d\n", r.restarts);
+  if (!r.hang.empty()) std::printf("hang:      %s\n", r.hang.c_str());
+  if (!r.stacks.empty()) std::printf("stacks:    %s\n", r.stacks.c_str());
   std::printf("run dir:   %s\n", r.dir.c_str());
   // The MLflow run, when the launch made one (tracking.hpp writes its variables there).
   std::ifstream tracking(r.dir + "/tracking.env");

@@ -85,6 +85,19 @@ RunRecord parse_run_record(const std::string& dir, const std::string& json_text)
   if (j["exit_code"].type() == JsonValue::Type::number) r.exit_code = static_cast<int>(j["exit_code"].integer());
   r.root_cause = static_cast<int>(j["root_cause"].integer(-1));
   r.message = j["message"].str();
+  r.hang = j["hang"].str();
+  // Where each rank was, last time the host asked (a hang, a timeout, a failure, Ctrl-\\).
+  if (DIR* d = ::opendir((dir + "/stacks").c_str())) {
+    std::string newest;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.size() > 4 && name.compare(name.size() - 4, 4, ".txt") == 0 && name.rfind("sample-", 0) != 0 &&
+          name > newest)
+        newest = name;  // named by their time: the greatest is the newest
+    }
+    ::closedir(d);
+    if (!newest.empty()) r.stacks = dir + "/stacks/" + newest;
+  }
   r.started_at = j["started_at"].num();
   r.ended_at = j["ended_at"].num();
   r.wall_seconds = j["wall_seconds"].num();
@@ -484,6 +497,7 @@ std::string run_json_object(const RunRecord& r, double now) {
   o << "], \"scheduler_job_id\": " << (r.scheduler_job_id.empty() ? "null" : q(r.scheduler_job_id))
     << ", \"host_pid\": " << r.host_pid << ", \"hostname\": " << q(r.hostname) << ", \"run_dir\": " << q(r.dir)
     << ", \"message\": " << q(r.message) << ", \"problem\": " << q(r.problem) << ", \"restarts\": " << r.restarts
+    << ", \"hang\": " << (r.hang.empty() ? "null" : q(r.hang)) << ", \"stacks\": " << (r.stacks.empty() ? "null" : q(r.stacks))
     << "}";
   return o.str();
 }

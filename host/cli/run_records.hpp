@@ -39,6 +39,8 @@ struct RunRecord {
   std::optional<int> exit_code;
   int root_cause = -1;
   std::string message;
+  std::string hang;     // the hang watch's report, when it found one (run.json "hang")
+  std::string stacks;   // the newest stacks file in its stacks/ folder, "" when none
   double started_at = 0;       // seconds since the epoch; 0 = not recorded
   double ended_at = 0;         // 0 = not ended (or not recorded)
   double wall_seconds = 0;

@@ -276,12 +276,16 @@ std::string run_json_started(const LaunchSpec& spec, double started_at, const st
 std::string run_json(const RunReport& report, const LaunchSpec& spec, double started_at) {
   std::ostringstream o;
   const std::string run_dir = report.run_dir.empty() ? spec.run_dir : report.run_dir;
+  const std::string state = final_state(report.outcome, cancel_requested(run_dir, spec.node_rank),
+                                        report.warning_signal != 0, spec.requeue_when_preempted);
+  // What ended it, in the record's words: a cancel's SIGTERM is the cancel, not an interrupt.
+  const std::string message = state == "cancelled" && report.outcome == Outcome::interrupted
+                                  ? "run " + report.run_id + " was cancelled (airhost cancel); every rank was stopped"
+                                  : report.message;
   o << "{\n  \"run_id\": " << q(report.run_id) << ",\n  \"run_dir\": " << q(report.run_dir)
-    << ",\n  \"state\": "
-    << q(final_state(report.outcome, cancel_requested(run_dir, spec.node_rank), report.warning_signal != 0,
-                   spec.requeue_when_preempted))
+    << ",\n  \"state\": " << q(state)
     << ",\n  \"outcome\": " << q(to_string(report.outcome)) << ",\n  \"exit_code\": " << report.exit_code
-    << ",\n  \"root_cause\": " << report.root_cause << ",\n  \"message\": " << q(report.message)
+    << ",\n  \"root_cause\": " << report.root_cause << ",\n  \"message\": " << q(message)
     << ",\n  \"wall_seconds\": " << number(report.wall_seconds) << ",\n  \"restarts\": " << report.restarts
     << ",\n  \"hang\": " << (report.hang.empty() ? std::string("null") : q(report.hang))
     << ",\n  \"warning_signal\": " << (report.warning_signal ? q(signal_name(report.warning_signal)) : "null")

@@ -3,7 +3,9 @@ itself where each rank is: the odd one out named with its frame, what the others
 and the full stacks kept in the run directory; the run goes on (--on-hang report) or ends
 as its timeout ends it (--on-hang stop, exit 124). A rank busy in its own code, however
 quiet, is never taken for a hang. Real gloo ranks (tests/py/scripts/hang.py)."""
+import json
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -48,6 +50,15 @@ def test_on_hang_stop_ends_the_run_as_its_timeout_does(airhost, tmp_path):
     assert r.run_json["outcome"] == "timed_out", r.run_json
     assert r.run_json["message"].startswith(f"run {r.run_id} hung (no rank has made progress"), r.run_json
     assert "wait_for_data" in r.run_json["hang"], r.run_json
+    # the record read back carries the report and where the stacks are (#33 item 4)
+    shown = subprocess.run([airhost.binary, "runs", "show", r.run_id, "--json"], env=airhost.env(r.runs_root),
+                           capture_output=True, text=True, timeout=30)
+    record = json.loads(shown.stdout)
+    assert record["hang"] == r.run_json["hang"] and record["stacks"].startswith(str(r.run_dir / "stacks") + "/"), record
+    assert Path(record["stacks"]).is_file() and "wait_for_data" in Path(record["stacks"]).read_text()
+    text = subprocess.run([airhost.binary, "runs", "show", r.run_id], env=airhost.env(r.runs_root), capture_output=True,
+                          text=True, timeout=30).stdout
+    assert f"hang:      {r.run_json['hang']}" in text and f"stacks:    {record['stacks']}" in text, text
 
 
 def test_a_rank_busy_in_its_own_code_is_never_taken_for_a_hang(airhost, tmp_path):

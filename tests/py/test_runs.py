@@ -207,8 +207,9 @@ def test_cancel_ends_a_live_run_cancelled_with_nothing_of_it_left(runs):
     assert not wait_until_gone(run_id=live["run_id"], timeout=5)
     end = runs.record(live["run_id"])
     assert (end["state"], end["outcome"], end["exit_code"]) == ("cancelled", "interrupted", 143)
+    assert end["message"] == f"run {live['run_id']} was cancelled (airhost cancel); every rank was stopped", end
     [listed] = runs.listed()
-    assert listed["state"] == "cancelled"
+    assert listed["state"] == "cancelled" and "SIGTERM" not in listed["message"]
 
     again = runs("cancel", "latest")
     assert again.returncode == 2
