@@ -58,6 +58,17 @@ _original_excepthook = sys.excepthook
 
 def _excepthook(exc_type, exc, tb):
     report_exception(exc_type, exc, tb)
+    if _original_excepthook is sys.__excepthook__:
+        # Python's own printing, as the C one prints it, but through linecache: the lines of a
+        # notebook cell (sent by the caller, in no file here) show as the caller's Python shows them.
+        try:
+            import traceback
+
+            traceback.print_exception(exc_type, exc, tb, file=sys.stderr)
+            sys.stderr.flush()
+            return
+        except Exception:
+            pass
     _original_excepthook(exc_type, exc, tb)
 
 
@@ -652,20 +663,73 @@ def _with_filename(code, filename):
     return code.replace(co_filename=filename, co_consts=consts)
 
 
+def _restore_filenames(roots, files, fallback):
+    """Every function that came by value (cloudpickle names its file "<dynamic-code>") gets the
+    file it was defined in back, from the caller's map {(qualname, first line): filename}: so
+    tracebacks, `airhost stacks` and hang reports name a helper's file (or notebook cell) and
+    line, as plain Python does. `fallback`: the decorated function's file, for what the map
+    lacks (a payload of an older caller)."""
+    import functools
+    import types
+
+    seen, stack = set(), list(roots)
+    while stack and len(seen) < 10_000:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend(obj)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, type) and obj.__module__ == "__main__":
+            stack.extend(vars(obj).values())
+        elif isinstance(obj, (staticmethod, classmethod)):
+            stack.append(obj.__func__)
+        elif isinstance(obj, functools.partial):
+            stack.extend((obj.func, obj.args, obj.keywords))
+        elif isinstance(obj, types.MethodType):
+            stack.append(obj.__func__)
+        elif isinstance(obj, types.FunctionType):
+            code = obj.__code__
+            if code.co_filename != "<dynamic-code>":
+                continue
+            filename = files.get((getattr(code, "co_qualname", code.co_name), code.co_firstlineno),
+                                 fallback if obj is roots[0] else None)
+            if filename:
+                try:
+                    obj.__code__ = _with_filename(code, filename)
+                except Exception:
+                    pass
+            g = obj.__globals__
+            stack.extend(v for v in list(g.values()) if isinstance(v, (types.FunctionType, type)))
+            stack.extend(c.cell_contents for c in (obj.__closure__ or ()) if _has_contents(c))
+            stack.extend(obj.__defaults__ or ())
+
+
+def _has_contents(cell):
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
+
+
 def _load_pickled(path):
+    import linecache
     import pickle
 
     with open(path, "rb") as f:
         meta = pickle.load(f)  # plain data: sys.path must be in place before the function loads
         sys.path[:] = meta["sys_path"]
         fn, args, kwargs = pickle.load(f)
-    filename = meta.get("filename")
-    code = getattr(fn, "__code__", None)
-    if filename and code is not None and code.co_filename == "<dynamic-code>":
-        try:
-            fn.__code__ = _with_filename(code, filename)
-        except Exception:
-            pass
+    # A notebook cell's source is in no file here: the caller sent its lines, for tracebacks.
+    for filename, lines in (meta.get("sources") or {}).items():
+        linecache.cache[filename] = (sum(map(len, lines)), None, list(lines), filename)
+    try:
+        _restore_filenames([fn, args, kwargs], meta.get("files") or {}, meta.get("filename"))
+    except Exception:
+        pass
     return fn, args, kwargs
 
 

@@ -77,3 +77,46 @@ def test_timeout_of_two_seconds_stops_a_sleeping_run_with_a_timeout_error_within
     assert err["seconds"] < 8, err
     assert err["ranks_left"] == []
     assert "[rank 0] sleeping" in caller.out and "[rank 1] sleeping" in caller.out
+
+
+HELPERS = '''
+from airhost import distributed
+
+def helper(x):
+    y = x + 1
+    raise ValueError(f"helper says {y}")  # HELPER-RAISES
+
+class Step:
+    def go(self):
+        return helper(1)  # METHOD-CALLS
+
+@distributed(num_accelerators=1, tracking=False)
+def run():
+    return Step().go()
+
+try:
+    run.distributed()
+except Exception as e:
+    print("ERR", e)
+'''
+
+
+def test_every_function_of_the_callers_main_names_its_file_and_line(tmp_path):
+    # #33 item 5: a helper of the caller's __main__ showed as File "<dynamic-code>" with no
+    # source line; only the decorated function had its file.
+    import os
+    import subprocess
+    import sys
+
+    caller = tmp_path / "caller.py"
+    caller.write_text(HELPERS)
+    env = dict(os.environ, AIRHOST_RUNS_DIR=str(tmp_path / "runs"), AIRHOST_TRACKING="0",
+               AIRHOST_TEST_MARK=str(tmp_path) + os.sep)
+    r = subprocess.run([sys.executable, str(caller)], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "<dynamic-code>" not in out + r.stderr, out
+    for marker, function in (("METHOD-CALLS", "go"), ("HELPER-RAISES", "helper")):
+        line = next(i for i, text in enumerate(HELPERS.splitlines(), 1) if marker in text)
+        assert f'File "{caller}", line {line}, in {function}\n' in out, out
+        assert HELPERS.splitlines()[line - 1].strip() in out, out  # the source line, as python shows it

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import queue
 import sys
 import time
@@ -209,3 +210,37 @@ def test_a_ranks_progress_bar_reaches_the_cell_as_it_moves(api_tmp):
     assert text == "".join(f"{'' if i == 0 else chr(13)}[rank 0] step {i:02d}/15" for i in range(16)) + "\n", text
     assert len(arrivals) >= 5, f"16 redraws reached the cell in {len(arrivals)} messages: {arrivals}"
     assert arrivals[-1][0] - arrivals[0][0] >= 1.5, arrivals
+
+
+HELPER_CELL = """
+def helper(x):
+    y = x + 1
+    raise ValueError(f"helper says {y}")
+"""
+
+CALLING_CELL = """
+from airhost import distributed
+
+@distributed(num_accelerators=1, tracking=False)
+def run():
+    return helper(1)
+
+try:
+    run.distributed()
+except Exception as e:
+    print("ERR", e)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_helper_from_another_cell_names_its_cell_and_source_line(api_tmp):
+    # #33 item 5: a function of an earlier cell showed as File "<dynamic-code>", no source line.
+    with running_kernel(api_tmp) as (km, kc):
+        reply, _ = execute(kc, HELPER_CELL, timeout=30)
+        assert reply["status"] == "ok", reply
+        reply, text = execute(kc, CALLING_CELL, timeout=120)
+        assert reply["status"] == "ok", reply
+    assert "<dynamic-code>" not in text, text
+    # the earlier cell's file and line, with its source line, in the rank's own output too
+    assert re.search(r'\[rank 0\]   File "[^"]+", line 3, in helper\n\[rank 0\]     raise ValueError\(f"helper says \{y\}"\)', text), text
+    assert "[rank 0]     return helper(1)" in text, text
