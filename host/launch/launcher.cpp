@@ -670,6 +670,7 @@ RunReport Launcher::run() {
   report.wall_seconds = detail::now_seconds() - started;
   if (attempt > 0 && report.ok())
     report.message += " after " + std::to_string(attempt) + " restart" + (attempt > 1 ? "s" : "");
+  if (const std::string hint = detail::no_gpu_hint(report, spec); !hint.empty()) report.message += "; " + hint;
   else if (attempt > 0 && report.outcome == Outcome::failed && attempt == spec.max_restarts)
     report.message += " (no restart left: the group was restarted " + std::to_string(attempt) +
                       " time" + (attempt > 1 ? "s" : "") + ", the most max_restarts allows)";

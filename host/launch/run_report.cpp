@@ -305,6 +305,24 @@ std::string run_json(const RunReport& report, const LaunchSpec& spec, double sta
   return o.str();
 }
 
+std::string no_gpu_hint(const RunReport& report, const LaunchSpec& spec) {
+  if (report.ok() || !spec.devices.empty()) return {};
+  const RankReport* root = nullptr;
+  for (const auto& r : report.ranks)
+    if (r.rank == report.root_cause || (!root && r.state == RankState::failed && r.error)) root = &r;
+  if (!root || !root->error) return {};
+  const std::string text = root->error->type + ": " + root->error->message + "\n" + root->error->traceback;
+  static const char* const kSigns[] = {"_cuda_", "CUDA", "cuda(", "torch.cuda", ".cuda()", "NCCL", "nccl",
+                                       "Torch not compiled with CUDA", "no CUDA GPUs are available"};
+  bool gpu = false;
+  for (const char* sign : kSigns) gpu = gpu || text.find(sign) != std::string::npos;
+  if (!gpu) return {};
+  const int n = static_cast<int>(report.ranks.size());
+  return "this node has no GPU that airhost could find, so it ran " + std::to_string(n) + " CPU rank" +
+         (n == 1 ? "" : "s") + ", and rank " + std::to_string(root->rank) +
+         " failed calling CUDA or NCCL: run it on a GPU node, or use the gloo backend and the CPU device here";
+}
+
 std::string failure_summary(const RunReport& report) {
   if (report.ok()) return {};
   std::ostringstream o;

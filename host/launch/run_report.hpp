@@ -55,6 +55,11 @@ inline constexpr const char* kCancelRequestFile = "cancel.request";
 // requeued instead when the caller will requeue such a run (LaunchSpec::requeue_when_preempted).
 std::string final_state(Outcome outcome, bool cancel_requested, bool warned = false, bool requeue = false);
 
+// A run that failed on CUDA or NCCL (its root cause's exception names them: torch without
+// CUDA, a CUDA call, the nccl backend) on CPU ranks (`spec.devices` empty: airhost found no
+// GPU here): what happened and what to do, in one clause; "" otherwise.
+std::string no_gpu_hint(const RunReport& report, const LaunchSpec& spec);
+
 // One line per failed rank (rank, pid, exit code or signal, first line of its exception,
 // log path), then the root cause's full traceback. Empty for a successful run.
 std::string failure_summary(const RunReport& report);

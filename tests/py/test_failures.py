@@ -307,3 +307,39 @@ def test_a_soft_ulimit_below_the_need_is_raised_within_the_hard_limit(airhost, t
     assert r.returncode == 0, r.stderr
     soft = int(re.search(r"\[rank 0\] soft (\d+)", r.stdout).group(1))
     assert 40 < soft <= hard
+
+
+@pytest.mark.parametrize("how", ["set_device", "nccl"])
+def test_cuda_or_nccl_on_a_node_without_a_gpu_says_so_in_one_line(airhost, how):
+    # #33 item 10: the docs' example on a laptop ended with torch's AttributeError alone.
+    run = airhost(script("wants_gpu.py"), "-n", "2", "--", how)
+    run.assert_rc(1)
+    said = (r"this node has no GPU that airhost could find, so it ran 2 CPU ranks, and rank [01] failed calling CUDA "
+            r"or NCCL: run it on a GPU node, or use the gloo backend and the CPU device here")
+    assert re.search(r"^airhost: run \S+ failed: .*; " + said + "$", run.err, re.M), run.err
+    assert re.search(said, run.run_json["message"]), run.run_json["message"]
+
+
+def test_a_failure_that_is_not_cuda_s_gets_no_gpu_hint(airhost):
+    run = airhost(FAIL, "-n", "2", "--", "--rank", "1", "--how", "raise")
+    assert run.rc != 0
+    assert "no GPU" not in run.err
+
+
+def test_the_python_api_says_the_node_has_no_gpu_too(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    caller = tmp_path / "caller.py"
+    caller.write_text(
+        "import os\nfrom airhost import distributed\n\n"
+        "@distributed(num_accelerators=2, tracking=False)\n"
+        "def setup():\n    import torch\n    torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n\n"
+        "try:\n    setup.distributed()\nexcept Exception as e:\n    print('ERR', e)\n")
+    env = dict(os.environ, AIRHOST_RUNS_DIR=str(tmp_path / "runs"), AIRHOST_TEST_MARK=str(tmp_path) + os.sep)
+    r = subprocess.run([sys.executable, str(caller)], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^This node has no GPU that airhost could find, so it ran 2 CPU ranks, and rank [01] failed "
+                     r"calling CUDA or NCCL: run it on a GPU node, or use the gloo backend and the CPU device here\.$",
+                     r.stdout, re.M), r.stdout

@@ -686,6 +686,9 @@ def _results_or_raise(report: dict, opts: _Options) -> List[Any]:
                     cause = pickle.loads(root["error"]["pickled"])
                 except Exception:
                     cause = None
+        hint = report.get("message", "").partition("; this node has no GPU")[2]
+        if hint:  # CUDA or NCCL failed on CPU ranks: what happened and what to do, last, read first
+            lines.append("This node has no GPU" + hint + ".")
         lines.append(f"Logs: {logs}")
         err = DistributedError("\n".join(lines), [r["rank"] for r in failed], report)
         if isinstance(cause, BaseException):
