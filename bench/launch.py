@@ -884,13 +884,14 @@ def bench_api(b: Bench) -> dict:
         return res
 
     log(f"warm calls, {n} ranks")
-    runs = series(b, f"warm calls {n} ranks", launchers, one, b.args.repeats or 5)
+    # 10 fresh caller processes: the goal holds for every one of them (the worst is checked).
+    runs = series(b, f"warm calls {n} ranks", launchers, one, b.args.repeats or 10)
     out = {"ranks": n, "launchers": {l.key: {"label": l.label, "available": l.available,
                                              "why_not": l.why_not} for l in launchers}}
     for key, rs in runs.items():
         out[key] = {"ready": summary([r["ready"] for r in rs]),
                     "call": summary([r["call"] for r in rs]),
-                    "runs": [{k: r.get(k) for k in ("ready", "call", "first_call", "exit")}
+                    "runs": [{k: r.get(k) for k in ("ready", "call", "first_call", "second_call", "exit")}
                              for r in rs]}
     return out
 
@@ -984,6 +985,9 @@ def verdict_rows(rep: dict) -> list[dict]:
         for key, what in (("api_warm", "API 3rd call"), ("api_warm_tracking", "API 3rd call, tracking on")):
             row(f"warm calls {a['ranks']} ranks: {what} / torchrun", a[key]["ready"]["median"], t,
                 "{:.3f} s", "api_warm_vs_torchrun")
+            # The goal is for every caller process, calls back to back: the slowest one.
+            row(f"warm calls {a['ranks']} ranks: {what}, slowest of {len(a[key]['runs'])} processes / torchrun",
+                a[key]["ready"]["max"], t, "{:.3f} s", "api_warm_vs_torchrun")
             # Stricter: the whole call, results in hand, against torchrun's start-up alone.
             row(f"warm calls {a['ranks']} ranks: {what}, whole call / torchrun", a[key]["call"]["median"],
                 t, "{:.3f} s", "api_warm_vs_torchrun")

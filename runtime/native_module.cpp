@@ -189,6 +189,13 @@ class Run {
                              " of " + std::to_string(e.max_restarts) + ")\n"});
       cv_.notify_all();
     };
+    // A warm server that was there but refused this launch says why the ranks start cold.
+    cb.on_start_mode = [this](bool warm, const std::string& line) {
+      if (warm || line.find("no warm server running") != std::string::npos) return;
+      std::lock_guard lock(mutex_);
+      pieces_.push_back({static_cast<int>(Stream::err), "airhost: " + line + "\n"});
+      cv_.notify_all();
+    };
     // What the CLI says on stderr (a hang report, where the other ranks were when one failed)
     // reaches the caller's stderr too, a line of its own among the rank output.
     cb.on_host_line = [this](const std::string& line) {

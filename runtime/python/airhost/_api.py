@@ -327,7 +327,9 @@ class _WarmServer:
     def __init__(self):
         import subprocess
         import tempfile
+        import time
 
+        self.started = time.monotonic()
         self.dir = tempfile.mkdtemp(prefix="airhost-warm-")  # 0700
         self.socket = os.path.join(self.dir, "warm.sock")
         env = dict(os.environ)
@@ -376,14 +378,35 @@ def _terminal_size(*streams) -> dict:
     return {"terminal_columns": int(columns)} if columns.isdigit() else {}
 
 
-def _warm_socket() -> str:
-    """The socket of this process's warm server when it is ready; '' otherwise (the call
-    then starts cold) or when warm starts are off."""
+# A server still importing (torch, say) is waited for: it started before this call and does
+# the imports once, where a cold start does them in every rank at once, so it is ready sooner
+# than cold ranks would be. Past this, it is taken for stuck, and the call starts cold.
+WARM_WAIT_LIMIT = 120.0
+
+
+def _warm_socket() -> tuple:
+    """(the socket of this process's warm server, waited for while it starts; '' to start
+    cold, with why in one line). No line for the first call of a process (it starts the server
+    for the next ones) nor when warm starts are off (AIRHOST_WARM=0)."""
+    import time
+
     if os.environ.get("AIRHOST_WARM", "1") == "0":
-        return ""
+        return "", ""
     with _warm_lock:
         server = _warm_server
-    return server.socket if server is not None and server.ready() else ""
+    if server is None:
+        return "", ""
+    t0 = time.monotonic()
+    while server.alive() and not server.ready() and time.monotonic() - server.started < WARM_WAIT_LIMIT:
+        time.sleep(0.01)
+    if server.ready():
+        return server.socket, ""
+    log = os.path.join(server.dir, "warm.log")
+    if not server.alive():
+        return "", (f"cold start: this process's warm server (pid {server.pid}) exited with "
+                    f"{server.proc.returncode} (its log: {log}); another starts after this call")
+    return "", (f"cold start: this process's warm server (pid {server.pid}) is still not ready after "
+                f"{time.monotonic() - server.started:.0f} s (waited {time.monotonic() - t0:.1f} s; its log: {log})")
 
 
 def _ensure_warm_server() -> None:
@@ -502,9 +525,11 @@ class _Launch:
                 "run_id": run_id,
                 "run_dir": self.run_dir,
                 "working_dir": os.getcwd(),
-                "warm_socket": _warm_socket(),
                 "prefix": opts.prefix,
             }
+            self.spec["warm_socket"], cold_why = _warm_socket()
+            if cold_why:
+                print(f"airhost: {cold_why}", file=self._err(), flush=True)
             self.spec.update(_terminal_size(self._out(), self._err()))
             self.run = _native.Run(self.spec)
         except BaseException:
