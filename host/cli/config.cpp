@@ -91,7 +91,7 @@ void SlurmSettings::merge(const SlurmSettings& over) {
 
 namespace {
 
-constexpr std::string_view kDurationForms = "a duration like 90 (seconds), 90s, 15m, 3h, 1h30m or 500ms";
+constexpr std::string_view kDurationForms = "a duration like 90 (seconds), 90s, 15m, 3h, 1h30m, 7d or 500ms";
 
 // Parses a duration; on failure returns nullopt and says why in `problem`, phrased to
 // follow the name of the setting ("must not be negative").

@@ -164,6 +164,11 @@ std::uint64_t dir_bytes(const std::string& dir) {
   return fd < 0 ? 0 : walk(fd, 0);
 }
 
+void measure_run(RunRecord& r) {
+  r.bytes = dir_bytes(r.dir);
+  r.kept = ::access((r.dir + "/" + kKeepFile).c_str(), F_OK) == 0;
+}
+
 std::vector<PruneVictim> prune_runs(const std::string& root, const RetentionPolicy& policy, bool dry_run) {
   if (!policy.any()) return {};
   const auto runs = list_runs(root);
@@ -225,9 +230,22 @@ int runs_prune_command(const std::vector<std::string>& args) {
         return args[++i];
       };
       if (a == "--dry-run") dry_run = true;
-      else if (a.rfind("--older-than", 0) == 0)
-        policy.older_than_seconds = static_cast<double>(parse_duration_seconds(value("--older-than", "7d"), "--older-than").count());
-      else if (a.rfind("--keep", 0) == 0) policy.keep = static_cast<long>(parse_retention("keep=" + value("--keep", "100"), "--keep").keep.value());
+      else if (a.rfind("--older-than", 0) == 0) {
+        const std::string v = value("--older-than", "7d");
+        const auto seconds = parse_duration_seconds(v, "--older-than").count();
+        // 0 would be "every ended run", where --timeout 0 means "no limit": refused, not guessed.
+        if (seconds <= 0)
+          throw ConfigError("--older-than must be more than 0, got '" + v + "'; e.g. --older-than 7d (--keep 0 removes "
+                            "every ended run)");
+        policy.older_than_seconds = static_cast<double>(seconds);
+      } else if (a.rfind("--keep", 0) == 0) {
+        const std::string v = value("--keep", "100");
+        char* end = nullptr;
+        const long n = std::strtol(v.c_str(), &end, 10);
+        if (v.empty() || *end || n < 0)
+          throw ConfigError("--keep takes a count of runs (0 or more), got '" + v + "'; e.g. --keep 100");
+        policy.keep = n;
+      }
       else if (a.rfind("--max-size", 0) == 0) policy.max_bytes = parse_size(value("--max-size", "20G"), "--max-size");
       else
         throw ConfigError("airhost runs prune takes --older-than D, --keep N, --max-size S and --dry-run, got '" + a +

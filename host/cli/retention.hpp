@@ -55,6 +55,9 @@ std::vector<PruneVictim> plan_prune(const std::vector<PruneCandidate>& runs, con
 // Bytes a directory takes on disk (its files' allocated blocks), walked without following links.
 std::uint64_t dir_bytes(const std::string& dir);
 
+// What `airhost runs` and `runs show` add to a record: its size on disk and whether it is kept.
+void measure_run(RunRecord& r);
+
 // Applies `policy` to the runs root: removes the victims (unless `dry_run`) and returns them.
 std::vector<PruneVictim> prune_runs(const std::string& root, const RetentionPolicy& policy, bool dry_run);
 

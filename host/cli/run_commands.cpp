@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -50,6 +51,15 @@ std::string flag_value(const std::vector<std::string>& args, std::size_t& i, con
   if (a.size() > name.size() && a[name.size()] == '=') return a.substr(name.size() + 1);
   if (i + 1 >= args.size()) throw ConfigError(name + " needs a value, e.g. " + name + " " + example);
   return args[++i];
+}
+
+// How wide the table may be: the terminal's, when stdout is one; else COLUMNS; else no limit
+// (a file, a pipe: every character kept).
+std::size_t terminal_columns() {
+  winsize ws{};
+  if (::isatty(STDOUT_FILENO) && ::ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  const std::string env = getenv_or("COLUMNS", "");
+  return !env.empty() && env.find_first_not_of("0123456789") == std::string::npos ? std::stoul(env) : 0;
 }
 
 // The run `id` names, settled: the runs are listed as their run.json says, and only the one
@@ -149,6 +159,8 @@ int show_run(const RunRecord& r, bool json) {
   if (r.host_pid) std::printf("host:      pid %d on %s\n", r.host_pid, r.hostname.empty() ? "?" : r.hostname.c_str());
   if (!r.scheduler_job_id.empty()) std::printf("slurm job: %s\n", r.scheduler_job_id.c_str());
   if (r.restarts) std::printf("restarts:  %d\n", r.restarts);
+  if (r.bytes) std::printf("size:      %s%s\n", bytes_text(static_cast<double>(*r.bytes)).c_str(),
+                          r.kept ? " (kept: never pruned)" : "");
   if (!r.hang.empty()) std::printf("hang:      %s\n", r.hang.c_str());
   if (!r.stacks.empty()) std::printf("stacks:    %s\n", r.stacks.c_str());
   std::printf("run dir:   %s\n", r.dir.c_str());
@@ -182,15 +194,19 @@ int runs_command(const std::vector<std::string>& args) {
     else words.push_back(a);
   }
   if (words.empty()) {
-    const auto runs = list_runs(default_runs_root());
-    std::fputs((json ? runs_json(runs, now_seconds()) : runs_table(runs, now_seconds())).c_str(), stdout);
+    auto runs = list_runs(default_runs_root());
+    for (auto& r : runs) measure_run(r);
+    std::fputs((json ? runs_json(runs, now_seconds()) : runs_table(runs, now_seconds(), terminal_columns())).c_str(),
+               stdout);
     return 0;
   }
   if (words[0] != "show")
     return one_line_error("airhost runs takes show ID, prune or keep ID (or nothing), got '" + words[0] +
                           "'; e.g. airhost runs show latest");
   if (words.size() != 2) return one_line_error("airhost runs show takes one run id, e.g. airhost runs show latest");
-  return show_run(find_run(words[1]), json);
+  RunRecord run = find_run(words[1]);
+  measure_run(run);
+  return show_run(run, json);
 }
 
 // ---- logs -----------------------------------------------------------------------------------
@@ -293,7 +309,19 @@ int logs_command(const std::vector<std::string>& args) {
     for (auto& f : files) f.offset = tail_offset(f.path, *tail);
   std::fflush(nullptr);
   if (!follow) {
+    bool any = false;
+    for (auto& f : files) {
+      struct stat st{};
+      any = any || (::stat(f.path.c_str(), &st) == 0 && st.st_size > f.offset);
+    }
     for (auto& f : files) pump(f, true);
+    if (!any) {  // nothing printed: say so, rather than leave the reader wondering
+      const bool live = run.state == "running" || run.state == "starting";
+      const std::string who = (rank ? "rank " + std::to_string(*rank) + " of run " : std::string("run ")) + run.id;
+      std::fprintf(stderr, "airhost: %s %s no output%s (logs: %s/logs)\n", who.c_str(),
+                   live ? "has written" : "wrote", live ? " yet; airhost logs --follow waits for it" : "",
+                   run.dir.c_str());
+    }
     return 0;
   }
   // Following ends when the run does (or Ctrl-C: only this reader stops).

@@ -30,7 +30,7 @@ std::string entry_text(const JsonValue& e, bool module) {
   if (kind == "script") return target;
   if (kind == "module") return "-m " + target;
   if (kind == "function") return (module ? "-m " : "") + target + ":" + function;
-  if (kind == "pickled") return "(Python API)";
+  if (kind == "pickled") return function.empty() ? "(Python API)" : function + "() (Python API)";
   return target;
 }
 
@@ -447,20 +447,23 @@ std::string duration_text(double seconds) {
   return buf;
 }
 
-std::string runs_table(const std::vector<RunRecord>& runs, double now) {
+std::string runs_table(const std::vector<RunRecord>& runs, double now, std::size_t columns) {
+  constexpr int kCols = 9;  // the entry last: the one cell cut to fit the terminal
   struct Row {
-    std::string cells[8];
+    std::string cells[kCols];
   };
   std::vector<Row> rows;
-  rows.push_back({{"ID", "STATE", "NODES×RANKS", "STARTED", "DURATION", "EXIT", "ENTRY", "JOB"}});
+  rows.push_back({{"ID", "STATE", "NODES×RANKS", "STARTED", "DURATION", "EXIT", "SIZE", "JOB", "ENTRY"}});
+  bool any_kept = false;
   for (const auto& r : runs) {
     std::string entry = r.entry;
     for (const auto& a : r.args) entry += " " + a;
-    if (entry.size() > 48) entry = entry.substr(0, 45) + "...";
     const std::string shape = r.nprocs > 0 ? std::to_string(r.nnodes) + "×" + std::to_string(r.nprocs) : "-";
-    rows.push_back({{r.id, r.state, shape, local_time(r.started_at), duration_text(duration_of(r, now)),
-                     r.exit_code ? std::to_string(*r.exit_code) : "-", entry.empty() ? "-" : entry,
-                     r.scheduler_job_id.empty() ? "-" : r.scheduler_job_id}});
+    any_kept = any_kept || r.kept;
+    rows.push_back({{r.id + (r.kept ? "*" : ""), r.state, shape, local_time(r.started_at),
+                     duration_text(duration_of(r, now)), r.exit_code ? std::to_string(*r.exit_code) : "-",
+                     r.bytes ? bytes_text(static_cast<double>(*r.bytes)) : "-",
+                     r.scheduler_job_id.empty() ? "-" : r.scheduler_job_id, entry.empty() ? "-" : entry}});
   }
   // Widths in characters, not bytes: × is two bytes of UTF-8 and one column.
   auto width = [](const std::string& s) {
@@ -468,19 +471,43 @@ std::string runs_table(const std::vector<RunRecord>& runs, double now) {
     for (unsigned char c : s) n += (c & 0xC0) != 0x80;
     return n;
   };
-  std::size_t widths[8] = {};
+  std::size_t widths[kCols] = {};
   for (const auto& row : rows)
-    for (int c = 0; c < 8; ++c) widths[c] = std::max(widths[c], width(row.cells[c]));
+    for (int c = 0; c < kCols - 1; ++c) widths[c] = std::max(widths[c], width(row.cells[c]));
+  std::size_t before_entry = 0;
+  for (int c = 0; c < kCols - 1; ++c) before_entry += widths[c] + 2;
   std::string out;
-  for (const auto& row : rows) {
+  for (auto& row : rows) {
     std::string line;
-    for (int c = 0; c < 8; ++c) {
-      line += row.cells[c];
-      if (c < 7) line += std::string(widths[c] - width(row.cells[c]) + 2, ' ');
+    for (int c = 0; c < kCols - 1; ++c) line += row.cells[c] + std::string(widths[c] - width(row.cells[c]) + 2, ' ');
+    std::string& entry = row.cells[kCols - 1];
+    if (columns > 0) {
+      // What is left of the line for the entry, at least a few characters of it.
+      const std::size_t room = columns > before_entry + 8 ? columns - before_entry : 8;
+      if (width(entry) > room) {
+        std::size_t keep = 0, chars = 0;  // whole UTF-8 characters, room - 3 of them
+        while (keep < entry.size() && chars < room - 3) {
+          ++keep;
+          while (keep < entry.size() && (static_cast<unsigned char>(entry[keep]) & 0xC0) == 0x80) ++keep;
+          ++chars;
+        }
+        entry = entry.substr(0, keep) + "...";
+      }
     }
+    line += entry;
     while (!line.empty() && line.back() == ' ') line.pop_back();
+    if (columns > 3 && width(line) > columns) {  // a terminal too narrow for the other columns too
+      std::size_t keep = 0, chars = 0;
+      while (keep < line.size() && chars < columns - 3) {
+        ++keep;
+        while (keep < line.size() && (static_cast<unsigned char>(line[keep]) & 0xC0) == 0x80) ++keep;
+        ++chars;
+      }
+      line = line.substr(0, keep) + "...";
+    }
     out += line + "\n";
   }
+  if (any_kept) out += "* kept: never pruned\n";
   return out;
 }
 
@@ -498,6 +525,7 @@ std::string run_json_object(const RunRecord& r, double now) {
     << ", \"host_pid\": " << r.host_pid << ", \"hostname\": " << q(r.hostname) << ", \"run_dir\": " << q(r.dir)
     << ", \"message\": " << q(r.message) << ", \"problem\": " << q(r.problem) << ", \"restarts\": " << r.restarts
     << ", \"hang\": " << (r.hang.empty() ? "null" : q(r.hang)) << ", \"stacks\": " << (r.stacks.empty() ? "null" : q(r.stacks))
+    << ", \"bytes\": " << (r.bytes ? std::to_string(*r.bytes) : "null") << ", \"kept\": " << (r.kept ? "true" : "false")
     << "}";
   return o.str();
 }

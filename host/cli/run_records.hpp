@@ -50,7 +50,10 @@ struct RunRecord {
   std::string hostname;
   bool host_handles_signals = false;
   std::string scheduler_job_id;
-  std::string entry;           // as typed: train.py, train.py:main, -m pkg, (Python API)
+  std::string entry;           // as typed: train.py, train.py:main, -m pkg, train() (Python API)
+  // Filled by the commands that show them (not by list_runs, which every read-back uses):
+  std::optional<std::uint64_t> bytes;  // what its directory takes on disk
+  bool kept = false;                   // `airhost runs keep`: never pruned
   std::vector<std::string> args;
   int nprocs = 0;
   int nnodes = 1;
@@ -137,8 +140,10 @@ const RunRecord& resolve_run(const std::vector<RunRecord>& runs, const std::stri
 
 // "1m 05s", "3.2 s", "2h 04m".
 std::string duration_text(double seconds);
-// The `airhost runs` table, one line per run; `now` for the duration of running ones.
-std::string runs_table(const std::vector<RunRecord>& runs, double now);
+// The `airhost runs` table, one line per run; `now` for the duration of running ones. No line
+// is wider than `columns` (0: no limit): the entry, last, is cut to fit. A kept run's id is
+// marked "*", and a line under the table says so.
+std::string runs_table(const std::vector<RunRecord>& runs, double now, std::size_t columns = 0);
 // The same runs as a JSON array (`airhost runs --json`), each as run_json_object gives it.
 std::string runs_json(const std::vector<RunRecord>& runs, double now);
 std::string run_json_object(const RunRecord& r, double now);

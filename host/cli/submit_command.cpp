@@ -187,7 +187,29 @@ void refuse_node_local_runs_root(const std::string& root) {
 }
 
 volatile sig_atomic_t g_stop_watching = 0;
+volatile sig_atomic_t g_want_stacks = 0;
 void on_watch_signal(int sig) { g_stop_watching = sig; }
+void on_watch_quit(int) { g_want_stacks = 1; }
+
+// The watch's signals: Ctrl-C, SIGTERM and the terminal closing end the watching (the run goes
+// on); Ctrl-\ prints the run's stacks, as it does on a launch, and the watching goes on.
+void watch_signals() {
+  struct sigaction sa{};
+  sa.sa_handler = on_watch_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  sa.sa_handler = on_watch_quit;
+  ::sigaction(SIGQUIT, &sa, nullptr);
+}
+
+// Ctrl-\ came: `airhost stacks RUN` (the host answers through its socket), on stderr.
+void show_stacks_if_asked(const std::string& run_id) {
+  if (!g_want_stacks) return;
+  g_want_stacks = 0;
+  std::string said;
+  run_capture(shell_quote(executable_path()) + " stacks " + shell_quote(run_id) + " 2>&1 </dev/null", said);
+  std::fputs(("\n" + said).c_str(), stderr);
+}
 
 // Copies what `path` holds past `offset` to stdout.
 void pump(const std::string& path, off_t& offset) {
@@ -211,13 +233,11 @@ int exit_code_of(int status) {
 // run's, by the contract. A signal to the watcher (Ctrl-C, the terminal closing) ends the
 // watching only: the run is in a session of its own, and goes on.
 int watch(pid_t host, const std::string& run_id, const std::string& console) {
-  struct sigaction sa{};
-  sa.sa_handler = on_watch_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  watch_signals();
   off_t offset = 0;
   while (true) {
     pump(console, offset);
+    show_stacks_if_asked(run_id);
     int status = 0;
     const pid_t done = ::waitpid(host, &status, WNOHANG);
     if (done == host) {
@@ -323,15 +343,13 @@ int submit_local(const SubmitOptions& o, const HostOptions& launch) {
 bool slurm_job_queued(const std::string& job_id) { return slurm_job_active(job_id).value_or(false); }
 
 int watch_slurm(const std::string& run_id, const std::string& run_dir, const std::string& job_id) {
-  struct sigaction sa{};
-  sa.sa_handler = on_watch_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &sa, nullptr);
+  watch_signals();
   const std::string output = run_dir + "/slurm-" + job_id + ".out";
   off_t offset = 0;
   double gone_since = 0;
   while (true) {
     pump(output, offset);
+    show_stacks_if_asked(run_id);
     RunRecord r = read_run_record(run_dir);
     settle(r);
     if (is_ended(r.state) || r.state == "lost") {

@@ -284,7 +284,7 @@ TEST_CASE("parse_duration rejects negatives, empty text and junk, naming the set
     std::string text;
     std::string message;
   };
-  const std::string forms = "must be a duration like 90 (seconds), 90s, 15m, 3h, 1h30m or 500ms";
+  const std::string forms = "must be a duration like 90 (seconds), 90s, 15m, 3h, 1h30m, 7d or 500ms";
   const std::vector<Case> cases = {
       {"", "--timeout " + forms + ", got ''"},
       {"   ", "--timeout " + forms + ", got '   '"},

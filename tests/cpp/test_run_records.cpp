@@ -5,6 +5,7 @@
 
 #include "support.hpp"
 
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -183,16 +184,31 @@ TEST_CASE("the runs table lines up its columns, a running run's duration countin
   b.ended_at = 960;
   b.wall_seconds = 60;
   b.entry = "-m pkg:main";
+  b.bytes = 3 << 20;
+  b.kept = true;
   const std::string table = runs_table({a, b}, 1000 + 3725);
   const auto first_nl = table.find('\n');
   const std::string header = table.substr(0, first_nl);
-  CHECK(header.rfind("ID     STATE      NODES×RANKS  STARTED", 0) == 0);
-  CHECK(table.find("run-b  running    2×8") != std::string::npos);
+  CHECK(header.rfind("ID      STATE      NODES×RANKS  STARTED", 0) == 0);
+  CHECK(table.find("run-b   running    2×8") != std::string::npos);
   CHECK(table.find("1h 02m") != std::string::npos);
-  CHECK(table.find("train.py --lr 0.1  123") != std::string::npos);
-  CHECK(table.find("run-a  succeeded  1×2") != std::string::npos);
   INFO(table);
-  CHECK(table.find("1m 00s    0     -m pkg:main        -") != std::string::npos);
+  CHECK(table.find("123  train.py --lr 0.1\n") != std::string::npos);  // the entry last, not padded
+  CHECK(table.find("run-a*  succeeded  1×2") != std::string::npos);     // kept, marked
+  CHECK(table.find("1m 00s    0     3 MiB  -    -m pkg:main\n") != std::string::npos);
+  CHECK(table.find("\n* kept: never pruned") != std::string::npos);
+  // No line wider than the terminal: the entry is cut, the other columns stay whole.
+  a.args = {"--a-very-long-argument", "value", "--and-another-one", "more"};
+  const std::string narrow = runs_table({a, b}, 1000 + 3725, 100);
+  std::istringstream lines(narrow);
+  for (std::string line; std::getline(lines, line);) {
+    std::size_t chars = 0;
+    for (unsigned char c : line) chars += (c & 0xC0) != 0x80;
+    CHECK(chars <= 100);
+  }
+  INFO(narrow);
+  CHECK(narrow.find("123  train.py --a-ver...\n") != std::string::npos);
+  CHECK(narrow.find("...\n") != std::string::npos);
   const auto json = JsonValue::parse(runs_json({a, b}, 1000 + 3725));
   CHECK(json.size() == 2);
   CHECK(json[0]["state"].str() == "running");

@@ -241,7 +241,7 @@ def test_a_python_api_run_is_listed_and_its_logs_read_like_any_other(runs, tmp_p
     assert done.returncode == 0, done.stderr
     [listed] = runs.listed()
     assert (listed["state"], listed["exit_code"], listed["nprocs"]) == ("succeeded", 0, 2)
-    assert listed["entry"] == "(Python API)"
+    assert listed["entry"] == "f() (Python API)"  # named by its function (#33 item 9)
     logs = runs("logs", "latest", "--rank", "1")
     assert logs.stdout == "api rank 1\n"
     # Its host is the caller's process, which keeps its signals: cancel says where to cancel it.
@@ -293,3 +293,47 @@ def test_a_live_run_s_record_shows_each_rank_as_it_is(runs):
     end = runs.record(live["run_id"])
     assert [k["pid"] for k in end["ranks"]] == [k["pid"] for k in live["ranks"]]
     assert all(k["state"] == "succeeded" for k in end["ranks"])
+
+
+
+def test_runs_reads_at_a_glance_sizes_kept_runs_and_a_terminal_s_width(runs):
+    # #33 item 9: a size column and a kept marker; no line wider than the terminal.
+    for _ in range(2):
+        done = runs(script("hello.py"), "-n", "1", "--", "--a-long-argument-that-makes-the-entry-wide", "x" * 60)
+        assert done.returncode == 0, done.stderr
+        time.sleep(1.1)
+    listed = runs.listed()
+    kept_id = listed[1]["run_id"]
+    assert runs("runs", "keep", kept_id).returncode == 0
+    listed = runs.listed()
+    assert [r["kept"] for r in listed] == [False, True]
+    assert all(r["bytes"] > 0 for r in listed)
+    table = runs("runs", env={"COLUMNS": "130"}).stdout
+    lines = table.splitlines()
+    assert lines[0].split()[:8] == ["ID", "STATE", "NODES×RANKS", "STARTED", "DURATION", "EXIT", "SIZE", "JOB"]
+    assert all(len(line) <= 130 for line in lines), table
+    narrow = runs("runs", env={"COLUMNS": "60"}).stdout  # narrower than the other columns: lines cut
+    assert all(len(line) <= 60 for line in narrow.splitlines()), narrow
+    assert any(line.startswith(kept_id + "*") for line in lines), table
+    assert lines[-1].startswith("* kept: never pruned"), table
+    assert any(line.endswith("...") for line in lines), table  # the entry cut, not the line wrapped
+    wide = runs("runs", env={"COLUMNS": ""}).stdout  # not a terminal, no COLUMNS: every character
+    assert "x" * 60 in wide
+    shown = runs("runs", "show", kept_id).stdout
+    assert "size:" in shown and "(kept: never pruned)" in shown, shown
+
+
+def test_flags_and_empty_logs_say_what_they_expect(runs):
+    bad = runs("runs", "prune", "--keep", "-1")
+    assert bad.returncode == 2 and one_line(bad.stderr) == \
+        "airhost: --keep takes a count of runs (0 or more), got '-1'; e.g. --keep 100"
+    zero = runs("runs", "prune", "--older-than", "0")
+    assert zero.returncode == 2 and "--older-than must be more than 0" in zero.stderr
+    unit = runs("runs", "prune", "--older-than", "3x")
+    assert unit.returncode == 2 and "1h30m, 7d or 500ms" in unit.stderr  # the d unit it takes is listed
+    (runs.cwd / "silent.py").write_text("pass\n")
+    quiet = runs(str(runs.cwd / "silent.py"), "-n", "1")
+    assert quiet.returncode == 0, quiet.stderr
+    logs = runs("logs", "latest")
+    assert logs.returncode == 0 and logs.stdout == ""
+    assert one_line(logs.stderr).startswith("airhost: run ") and " wrote no output (logs: " in logs.stderr, logs.stderr

@@ -153,3 +153,18 @@ def test_sbatch_without_a_slurm_to_reach_says_so_and_offers_to_run_here(runs):
     assert line.startswith("airhost: Slurm is not reachable from this machine: sbatch is installed, but says \""), line
     assert "--to local" in line and "[slurm] setting" not in line, line
     assert not runs.root.exists() or not any(runs.root.iterdir())
+
+
+def test_ctrl_backslash_on_a_watch_prints_the_runs_stacks_and_watching_goes_on(runs):
+    # #33 item 9: Ctrl-\ killed the watcher (SIGQUIT's default) instead of showing the stacks.
+    watcher = subprocess.Popen([runs.airhost.binary, "submit", "--to", "local", "--watch", script("sleeper.py"), "-n", "2",
+                                "--", "--sleep", "4"], cwd=runs.cwd, env=runs.env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    run_dir = runs.only_dir()
+    wait_for(lambda: "rank 1 ready" in (run_dir / "console.log").read_text(), 30, "the ranks to start")
+    time.sleep(0.5)  # the ranks watch for stacks requests once their code runs
+    os.killpg(watcher.pid, signal.SIGQUIT)
+    out, err = watcher.communicate(timeout=60)
+    assert watcher.returncode == 0, err  # watched to the end, the run's exit code
+    assert f"stacks of run {run_dir.name}: 2 ranks" in err, err
+    assert "rank 1 ready" in out

@@ -512,6 +512,7 @@ class _Launch:
             self.spec = {
                 "kind": "pickled",
                 "target": payload_path,
+                "function": getattr(fn, "__qualname__", ""),  # names the run (`airhost runs`); the payload has it
                 "nprocs": self.nprocs,
                 "devices": self.lease.indices if self.lease else [],
                 "python": sys.executable,
