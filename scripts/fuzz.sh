@@ -10,19 +10,8 @@ cd "$(dirname "$0")/.."
 # a fixed seed (what scripts/test.sh does: the same inputs on every run, so CI fails only for
 # a change of the code, never for a lucky draw).
 SECONDS_EACH=${1:-}
-PY=${AIRHOST_FUZZ_PYTHON:-$(pwd)/.venv/bin/python}
-# clang 16 or newer (C++20 lambdas that capture structured bindings): Debian 12's clang-16.
-CXX=$(command -v clang++-16 || command -v clang++ || true)
-CC=$(command -v clang-16 || command -v clang || true)
-[ -n "$CXX" ] || { echo "fuzz.sh: clang++ not found (apt-get install clang-16 libclang-rt-16-dev)" >&2; exit 2; }
-# -fno-sanitize=function: NVIDIA's C entry points are called through dlsym'd pointers of
-# airhost's own declarations (gpu/nvidia_api.hpp), whose opaque handle types are not the
-# library's: UBSan's function-type check would flag every call to the suite's fakes.
-SAN="-fsanitize=address,undefined -fno-sanitize=function -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
-CC=$CC CXX=$CXX cmake -S . -B build/fuzz -G Ninja -DAIRHOST_FUZZ=ON -DAIRHOST_BUILD_PYTHON=OFF \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE="$PY" \
-  -DCMAKE_CXX_FLAGS="$SAN -fsanitize=fuzzer-no-link" -DCMAKE_C_FLAGS="$SAN" \
-  -DCMAKE_EXE_LINKER_FLAGS="$SAN" -DCMAKE_SHARED_LINKER_FLAGS="$SAN" >/dev/null
+# The ASan+UBSan tree, configured as scripts/sanitize.sh builds in it too (one configure for both).
+scripts/configure-sanitized.sh asan
 cmake --build build/fuzz -j "$(nproc)" --target fuzz_frames fuzz_records fuzz_stacks_request
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1} UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 mkdir -p build/fuzz/crashes
