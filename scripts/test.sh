@@ -20,6 +20,12 @@ cmake --build build/dev -j "$(nproc)"
 # search is `scripts/fuzz.sh SECONDS`. AIRHOST_TEST_FUZZ=0 skips this.
 if [ "${AIRHOST_TEST_FUZZ:-1}" = 1 ]; then scripts/fuzz.sh; fi
 
+# The doctest suite and a slice of the end-to-end suite under AddressSanitizer and UBSan (in
+# build/fuzz, beside the fuzz targets), the doctest suite under ThreadSanitizer (build/tsan); a
+# single report fails (tests/sanitizers/README.md: what is exempt, and why).
+# AIRHOST_TEST_SANITIZE=0 skips this.
+if [ "${AIRHOST_TEST_SANITIZE:-1}" = 1 ]; then scripts/sanitize.sh; fi
+
 # The sdist and a wheel per CPython 3.10-3.13, as users install them: tests/py/test_wheels.py
 # installs each into a fresh venv with no compiler in reach (AIRHOST_TEST_WHEELS=0 skips this).
 if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then
