@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
+#include <initializer_list>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define AIRHOST_ASAN 1
