@@ -333,9 +333,10 @@ void settle_by_slurm(RunRecord& r, SlurmJobs& slurm) {
   if (!active) return;
   if (!*active && r.state == "requeued") {
     // Slurm may show a job it is requeueing as ended for a moment; a requeue recorded in the
-    // last ten minutes is taken at its word (the job waits for its begin time meanwhile).
+    // last minute is taken at its word. Past that, a job Slurm says has ended is over: its
+    // requeued start failed (a reader waiting on the run must not wait for ever).
     struct stat st{};
-    if (::stat((r.dir + "/run.json").c_str(), &st) == 0 && now_seconds() - static_cast<double>(st.st_mtime) < 600) return;
+    if (::stat((r.dir + "/run.json").c_str(), &st) == 0 && now_seconds() - static_cast<double>(st.st_mtime) < 60) return;
   }
   if (*active) {
     if (r.state == "unknown") {

@@ -128,7 +128,7 @@ SlurmdPort={free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={r}/munge/socket
+AuthInfo=socket={r}/munge/socket,cred_expire=10
 CredType=cred/munge
 StateSaveLocation={r}/state
 SlurmdSpoolDir={r}/spool/%n
