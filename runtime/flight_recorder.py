@@ -1,5 +1,5 @@
 """What torch's flight recorder says of a run, in a few lines: which collective each rank
-reached and which rank is missing from it (host/launch/flight_recorder.hpp runs this).
+reached and which rank is missing from it (host/launch/watch/flight_recorder.hpp runs this).
 
     python -c SOURCE DIR [PREFIX]
 

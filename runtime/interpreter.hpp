@@ -21,7 +21,7 @@ struct RankArgs {
 int run_interpreter(const RankArgs& args);
 
 // airhost-rank --warm-server: an interpreter with modules preloaded that forks ranks on
-// request (runtime/warm.py, host/launch/warm_starter.hpp). Returns the server's exit code in the
+// request (runtime/warm.py, host/launch/rank/warm_starter.hpp). Returns the server's exit code in the
 // server and the rank's exit code in each forked rank.
 struct WarmArgs {
   std::string socket;      // unix socket path to listen on

@@ -23,7 +23,7 @@
 #include "gpu/accelerators.hpp"
 #include "airhost/airhost.hpp"
 #include "base/errors.hpp"
-#include "launch/run_dir.hpp"
+#include "launch/run/run_dir.hpp"
 
 namespace py = pybind11;
 using namespace airhost;

@@ -1,9 +1,9 @@
 // airhost-rank — the process of one rank: ties itself to the host, then runs Python.
 //
 //   airhost-rank --kind KIND --target T [--function F] [--python EXE] -- ARGS...
-//   airhost-rank --guard      the run's group guard (host/launch/group_guard.hpp)
+//   airhost-rank --guard      the run's group guard (host/launch/procs/group_guard.hpp)
 //   airhost-rank --warm-server --socket PATH [--preload auto|none|m,m] [--python EXE] [--parent-pid PID]
-//                             a warm server (runtime/warm.py, host/launch/warm_starter.hpp)
+//                             a warm server (runtime/warm.py, host/launch/rank/warm_starter.hpp)
 //
 // The host passes the control channel as fd 3 (AIRHOST_CONTROL_FD) and its pid as
 // AIRHOST_HOST_PID. Not meant to be started by hand.
@@ -28,7 +28,7 @@
 #include <set>
 #include <string>
 
-#include "launch/proc_tree.hpp"
+#include "launch/procs/proc_tree.hpp"
 #include "libpython.hpp"
 #include "rank_entry.hpp"
 
@@ -40,7 +40,7 @@ namespace {
 // host dies first (stdin reaches EOF, or the parent-death signal), it ends all of them, and
 // every process whose environment holds the run's AIRHOST_RUN_ID, with whatever is below
 // them: servers, subprocesses, workers and daemons that never look at their parent die with
-// the run (host/launch/group_guard.hpp). "x\n" means the run ended normally: nothing to end. The
+// the run (host/launch/procs/group_guard.hpp). "x\n" means the run ended normally: nothing to end. The
 // host ends the guard when the run ends.
 int run_guard() {
   const pid_t host = ::getppid();

@@ -19,8 +19,8 @@
 #include <system_error>
 
 #include "base/fault_guard.hpp"
-#include "launch/frames.hpp"
-#include "launch/stacks.hpp"
+#include "launch/rank/frames.hpp"
+#include "launch/watch/stacks.hpp"
 #include "rank_module.hpp"
 
 namespace py = pybind11;
@@ -77,7 +77,7 @@ std::string_view view(const py::bytes& b) {
   return {data, static_cast<std::size_t>(size)};
 }
 
-// ---- stacks on demand (host/launch/stacks.hpp) -----------------------------------------
+// ---- stacks on demand (host/launch/watch/stacks.hpp) -----------------------------------------
 //
 // A thread of the rank's own, started here outside Python, waits on the control channel for
 // the host's requests (each a 4-byte request number) and rewrites the dump file. No signal
@@ -186,7 +186,7 @@ bool watch_stacks(const std::string& path) {
   ::pthread_attr_destroy(&attr);
   if (rc != 0) return false;
   ::pthread_setname_np(thread, "airhost-stacks");
-  // From here the host writes requests on the channel (host/launch/frames.hpp).
+  // From here the host writes requests on the channel (host/launch/rank/frames.hpp).
   try {
     send(FrameKind::stacks_watch, {});
   } catch (const std::exception&) {

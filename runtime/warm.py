@@ -4,7 +4,7 @@
 #
 #   airhost-rank --warm-server --socket PATH --preload auto|none|mod,mod [--parent-pid PID]
 #
-# host/launch/warm_starter.hpp documents the protocol (frames in the control channel's codec).
+# host/launch/rank/warm_starter.hpp documents the protocol (frames in the control channel's codec).
 # serve() returns an int (the server's exit code) in the server, and a dict (the rank's job)
 # in a forked rank; airhost-rank then calls run_child(job) from a clean Python stack, so the
 # user's code never runs under the server's frames.
@@ -95,7 +95,7 @@ def text_field(fields, name, default=None):
 
 def process_attributes():
     """What a process inherits besides its environment, in the strings the host sends in its
-    hello (host/launch/warm_starter.cpp, process_attributes): a forked rank has these of the
+    hello (host/launch/rank/warm_starter.cpp, process_attributes): a forked rank has these of the
     server, a cold one those of its host."""
     import resource
 

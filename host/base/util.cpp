@@ -15,6 +15,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 
 extern char** environ;
 
@@ -165,6 +166,21 @@ HelperSpawnAttr::HelperSpawnAttr() {
   sigemptyset(&none);
   posix_spawnattr_setsigmask(&attr_, &none);
   posix_spawnattr_setflags(&attr_, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
+}
+
+std::string duration_text(std::chrono::milliseconds ms) {
+  char buf[32];
+  if (ms.count() % 1000 == 0) std::snprintf(buf, sizeof buf, "%lld s", static_cast<long long>(ms.count() / 1000));
+  else std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(ms.count()) / 1000);
+  return buf;
+}
+
+std::string local_time_text(double t, const char* format) {
+  const std::time_t secs = static_cast<std::time_t>(t);
+  std::tm tm{};
+  ::localtime_r(&secs, &tm);
+  char buf[64];
+  return std::strftime(buf, sizeof buf, format, &tm) ? buf : "";
 }
 
 }  // namespace airhost::detail

@@ -3,6 +3,7 @@
 
 #include <spawn.h>
 
+#include <chrono>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -28,7 +29,10 @@ bool is_executable(const std::string& path);
 std::string json_escape(std::string_view s);  // contents of a JSON string, without quotes
 // The pieces of `s` between each `sep`, empty ones kept: "a,,b" → {"a", "", "b"}; "" → {""}.
 std::vector<std::string> split(std::string_view s, char sep);
-std::string bytes_text(double bytes);         // "8 B", "16 MiB", "1.5 GiB"
+std::string duration_text(std::chrono::milliseconds ms);  // "3 s", "1.5 s": a configured duration
+std::string bytes_text(double bytes);
+// Seconds since the epoch as local time, strftime's `format` ("%Y-%m-%d %H:%M:%S").
+std::string local_time_text(double t, const char* format);         // "8 B", "16 MiB", "1.5 GiB"
 // 'text' for /bin/sh, single quotes inside escaped: safe for any path or program text.
 std::string shell_quote(const std::string& text);
 // Runs `command` with /bin/sh and collects its stdout into `out`; returns its wait status

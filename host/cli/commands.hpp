@@ -27,7 +27,7 @@ bool is_run_command(const std::string& word);
 int run_command(const std::string& word, const std::vector<std::string>& args);
 
 // `airhost stacks [ID] [--json] [--all-threads]` (stacks_command.cpp): every rank's Python
-// stacks of a live run, from its host's socket (launch/stacks_service.hpp). Throws ConfigError
+// stacks of a live run, from its host's socket (launch/watch/stacks_service.hpp). Throws ConfigError
 // for bad input (no live run, an unknown or ambiguous id, an ended run, another user's run).
 int stacks_command(const std::vector<std::string>& args);
 

@@ -12,7 +12,7 @@
 #include <tuple>
 #include <vector>
 
-#include "launch/link_auth.hpp"
+#include "launch/link/link_auth.hpp"
 #include "airhost/airhost.hpp"
 #include "base/util.hpp"
 #include "cli/cluster_env.hpp"
@@ -21,9 +21,9 @@
 #include "cli/retention.hpp"
 #include "cli/tracking.hpp"
 #include "gpu/accelerators.hpp"
-#include "launch/run_dir.hpp"
-#include "launch/run_report.hpp"
-#include "launch/warm_starter.hpp"
+#include "launch/run/run_dir.hpp"
+#include "launch/run/run_report.hpp"
+#include "launch/rank/warm_starter.hpp"
 
 using namespace airhost;
 using namespace airhost::detail;

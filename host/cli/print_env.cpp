@@ -10,7 +10,7 @@
 
 #include "base/util.hpp"
 #include "cli/commands.hpp"
-#include "launch/rank_env.hpp"
+#include "launch/rank/rank_env.hpp"
 
 namespace airhost::detail {
 

@@ -16,7 +16,7 @@
 #include "base/errors.hpp"
 #include "base/util.hpp"
 #include "cli/config.hpp"
-#include "launch/run_dir.hpp"
+#include "launch/run/run_dir.hpp"
 
 namespace airhost::detail {
 

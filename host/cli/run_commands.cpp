@@ -24,8 +24,8 @@
 #include "cli/commands.hpp"
 #include "cli/retention.hpp"
 #include "cli/run_records.hpp"
-#include "launch/run_dir.hpp"
-#include "launch/run_report.hpp"
+#include "launch/run/run_dir.hpp"
+#include "launch/run/run_report.hpp"
 
 namespace airhost::detail {
 

@@ -17,9 +17,9 @@
 #include "base/errors.hpp"
 #include "base/json_value.hpp"
 #include "base/util.hpp"
-#include "launch/proc_tree.hpp"
+#include "launch/procs/proc_tree.hpp"
 #include "airhost/launch.hpp"
-#include "launch/run_dir.hpp"
+#include "launch/run/run_dir.hpp"
 
 namespace airhost::detail {
 
@@ -49,13 +49,7 @@ std::string number(double v) {
 }
 
 std::string local_time(double t) {
-  if (t <= 0) return "-";
-  const std::time_t s = static_cast<std::time_t>(t);
-  std::tm tm{};
-  ::localtime_r(&s, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", &tm);
-  return buf;
+  return t <= 0 ? "-" : local_time_text(t, "%Y-%m-%d %H:%M:%S");
 }
 
 double duration_of(const RunRecord& r, double now) {

@@ -1,7 +1,7 @@
 // stacks_command.cpp — `airhost stacks [ID] [--json] [--all-threads] [--sample DURATION]`:
 // every rank's Python stacks of a live run, asked of its host through <run_dir>/host.sock (the
-// host signals its ranks, collects, groups and answers: launch/stacks_service.hpp); with
-// --sample, where each rank spent its time over DURATION (launch/stacks_sample.hpp). Bad input is one line and
+// host signals its ranks, collects, groups and answers: launch/watch/stacks_service.hpp); with
+// --sample, where each rank spent its time over DURATION (launch/watch/stacks_sample.hpp). Bad input is one line and
 // exit 2: no live run, an unknown or ambiguous id, a run that has ended (how, and where its
 // last stacks are), a run of another user.
 #include <dirent.h>
@@ -21,11 +21,12 @@
 #include "airhost/exit_code.hpp"
 #include "airhost/launch.hpp"
 #include "base/errors.hpp"
+#include "base/files.hpp"
 #include "base/util.hpp"
 #include "cli/commands.hpp"
 #include "cli/config.hpp"
 #include "cli/run_records.hpp"
-#include "launch/stacks_service.hpp"
+#include "launch/watch/stacks_service.hpp"
 
 namespace airhost::detail {
 namespace {
@@ -89,22 +90,11 @@ std::string ask_host(const RunRecord& run, const std::string& request, int answe
   }
   write_all(fd, request);
   std::string answer;
-  const double deadline = now_seconds() + answer_ms / 1000.0;
-  char buf[65536];
-  for (;;) {
-    const int left = static_cast<int>((deadline - now_seconds()) * 1000);
-    pollfd p{fd, POLLIN, 0};
-    if (left <= 0 || ::poll(&p, 1, left) == 0) {
-      ::close(fd);
-      throw std::runtime_error("its host (pid " + std::to_string(run.host_pid) + ") did not answer within " +
-                               std::to_string(answer_ms / 1000) + " s");
-    }
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    answer.append(buf, static_cast<std::size_t>(n));
-  }
+  const bool whole = read_to_end(fd, answer, answer_ms);
   ::close(fd);
+  if (!whole)
+    throw std::runtime_error("its host (pid " + std::to_string(run.host_pid) + ") did not answer within " +
+                             std::to_string(answer_ms / 1000) + " s");
   return answer;
 }
 

@@ -31,8 +31,8 @@
 #include "cli/commands.hpp"
 #include "cli/run_records.hpp"
 #include "cli/slurm_target.hpp"
-#include "launch/link_auth.hpp"
-#include "launch/run_dir.hpp"
+#include "launch/link/link_auth.hpp"
+#include "launch/run/run_dir.hpp"
 
 namespace airhost::detail {
 

@@ -91,7 +91,7 @@ try:
 except Exception as e:
     print("airhost: could not set MLflow run %s to %s: %s" % (run_id, status, e), file=sys.stderr, flush=True)
     sys.exit(1)
-# What each rank used, sampled by the host (launch/rank_usage.hpp): system metrics per rank,
+# What each rank used, sampled by the host (launch/watch/rank_usage.hpp): system metrics per rank,
 # after the status, so that the host's bounded wait for this helper never costs the status.
 # log_rank_usage comes before this text (kUsageMetricsSource).
 try:

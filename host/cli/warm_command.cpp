@@ -1,5 +1,5 @@
 // warm_command.cpp — `airhost warm start|stop|status`: the user's warm server
-// (launch/warm_starter.hpp says what it is and how ranks are forked from it).
+// (launch/rank/warm_starter.hpp says what it is and how ranks are forked from it).
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -13,8 +13,8 @@
 
 #include "base/util.hpp"
 #include "cli/commands.hpp"
-#include "launch/run_dir.hpp"
-#include "launch/warm_starter.hpp"
+#include "launch/run/run_dir.hpp"
+#include "launch/rank/warm_starter.hpp"
 
 namespace airhost::detail {
 namespace {

@@ -15,15 +15,16 @@
 #include <system_error>
 
 #include "airhost/airhost.hpp"
-#include "launch/flight_recorder.hpp"
-#include "launch/link_auth.hpp"
-#include "launch/node_link.hpp"
-#include "launch/port.hpp"
-#include "launch/rank_env.hpp"
-#include "launch/run_report.hpp"
-#include "launch/run_dir.hpp"
+#include "launch/watch/flight_recorder.hpp"
+#include "launch/link/link_auth.hpp"
+#include "launch/link/link_wire.hpp"
+#include "launch/link/node_link.hpp"
+#include "launch/run/port.hpp"
+#include "launch/rank/rank_env.hpp"
+#include "launch/run/run_report.hpp"
+#include "launch/run/run_dir.hpp"
 #include "launch/supervisor.hpp"
-#include "launch/warm_starter.hpp"
+#include "launch/rank/warm_starter.hpp"
 #include "base/util.hpp"
 
 namespace airhost {
@@ -542,7 +543,9 @@ RunReport Launcher::run() {
           for (int r : *only) text += (text.empty() ? "" : ",") + std::to_string(r);
         link->ask_stacks(seq, only && only->empty() ? "-1" : text);
       };
-      plan.answer_stacks = [&link](unsigned seq, const std::string& ranks) { link->answer_stacks(seq, ranks); };
+      plan.answer_stacks = [&link](unsigned seq, const std::vector<detail::RankStacks>& ranks) {
+        link->answer_stacks(seq, detail::encode_rank_stacks(ranks, detail::kStacksAnswerCap));
+      };
       plan.on_alive = [&link] { link->loop_alive(); };
       plan.alive_every = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(spec.node_timeout) / 4, std::chrono::milliseconds(50), std::chrono::milliseconds(1000));
     }

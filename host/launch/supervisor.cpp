@@ -21,19 +21,18 @@
 #include "base/sigpipe.hpp"
 #include "base/unique_fd.hpp"
 #include "base/util.hpp"
-#include "launch/console_writer.hpp"
-#include "launch/escapees.hpp"
-#include "launch/rank_env.hpp"
-#include "launch/flight_recorder.hpp"
-#include "launch/rank_usage.hpp"
-#include "launch/frames.hpp"
-#include "launch/group_guard.hpp"
-#include "launch/log_stream.hpp"
-#include "launch/run_report.hpp"
-#include "launch/hang_watch.hpp"
-#include "launch/link_wire.hpp"
-#include "launch/proc_tree.hpp"
-#include "launch/stacks_service.hpp"
+#include "launch/output/console_writer.hpp"
+#include "launch/procs/escapees.hpp"
+#include "launch/rank/rank_env.hpp"
+#include "launch/watch/flight_recorder.hpp"
+#include "launch/watch/rank_usage.hpp"
+#include "launch/rank/frames.hpp"
+#include "launch/procs/group_guard.hpp"
+#include "launch/output/log_stream.hpp"
+#include "launch/run/run_report.hpp"
+#include "launch/watch/hang_watch.hpp"
+#include "launch/procs/proc_tree.hpp"
+#include "launch/watch/stacks_service.hpp"
 
 namespace airhost::detail {
 namespace {
@@ -894,7 +893,7 @@ struct Supervisor::Impl {
         const auto by_group = group_cpu();
         for (auto& r : ranks)
           if (auto it = by_group.find(r.pid); r.pid > 0 && it != by_group.end()) r.cpu_ticks = static_cast<long long>(it->second);
-        plan.answer_stacks(seq, encode_rank_stacks(ranks, kStacksAnswerCap));
+        plan.answer_stacks(seq, ranks);
       });
     }, false, only_text.empty() ? nullptr : &only);
   }

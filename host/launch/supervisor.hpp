@@ -9,9 +9,10 @@
 
 #include "airhost/callbacks.hpp"
 #include "airhost/report.hpp"
-#include "launch/host_output.hpp"
-#include "launch/rank_env.hpp"
-#include "launch/rank_starter.hpp"
+#include "launch/output/host_output.hpp"
+#include "launch/rank/rank_env.hpp"
+#include "launch/rank/rank_starter.hpp"
+#include "launch/watch/stacks.hpp"
 
 namespace airhost::detail {
 
@@ -49,7 +50,8 @@ class Supervisor {
     // (`only`: the ranks asked, null for all), so that `airhost stacks` and the hang watch
     // there see the whole job; another node sends its answer to node 0. Any thread.
     std::function<void(unsigned seq, const std::vector<int>* only)> ask_stacks;
-    std::function<void(unsigned seq, const std::string& ranks)> answer_stacks;
+    // (the launcher encodes the answer to the node link's cap).
+    std::function<void(unsigned seq, const std::vector<RankStacks>& ranks)> answer_stacks;
     // The ranks as they are now (pid, state, times, exit; no results), on the loop's thread,
     // at most every kRecordEveryMs while ranks start and exit: the launcher rewrites run.json
     // with them, so that a live run's record shows each rank as it is.

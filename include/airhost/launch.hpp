@@ -5,10 +5,18 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace airhost {
+
+// A LaunchSpec that cannot run (bad values, missing script, missing rank binary...).
+// what() is one sentence that says what was wrong and what to do.
+class LaunchError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 // What each rank runs. Built by the CLI from `train.py`, `train.py:main`, `-m pkg` or
 // `-m pkg:main`, and by the Python API from a cloudpickled function.
@@ -95,7 +103,7 @@ struct LaunchSpec {
   std::string working_dir;                // ranks' cwd; empty = the caller's
   OutputOptions output;
   std::string warm_socket;                // a warm server's socket: fork the ranks from it
-                                          // (host/launch/warm_starter.hpp); falls back to a cold start
+                                          // (host/launch/rank/warm_starter.hpp); falls back to a cold start
                                           // when there is none or it refuses; empty = cold
   std::string warm_preload;               // what the warm server must have preloaded, as given to
                                           // it ("auto", "torch,numpy"); empty = whatever it has

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <memory>
-#include <stdexcept>
 #include <string>
 
 #include "airhost/callbacks.hpp"
@@ -10,13 +9,6 @@
 #include "airhost/report.hpp"
 
 namespace airhost {
-
-// A LaunchSpec that cannot run (bad values, missing script, missing rank binary...).
-// what() is one sentence that says what was wrong and what to do.
-class LaunchError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // Runs one launch. Thread-safe only through cancel(); run() blocks until every rank is
 // reaped, the logs are flushed and run.json is written. One Launcher runs once.

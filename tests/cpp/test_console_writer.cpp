@@ -1,4 +1,4 @@
-// The host's console output (host/launch/console_writer.hpp) over real pipes: a reader that
+// The host's console output (host/launch/output/console_writer.hpp) over real pipes: a reader that
 // stops reading never blocks the writer, the cap bounds what waits, and what was skipped is
 // said once the reader is back.
 #include <doctest/doctest.h>
@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "launch/console_writer.hpp"
+#include "launch/output/console_writer.hpp"
 
 using airhost::detail::ConsoleWriter;
 using namespace std::chrono_literals;

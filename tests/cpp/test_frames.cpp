@@ -8,7 +8,7 @@
 #include <system_error>
 #include <thread>
 
-#include "launch/frames.hpp"
+#include "launch/rank/frames.hpp"
 
 using namespace airhost::detail;
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "launch/hang_watch.hpp"
+#include "launch/watch/hang_watch.hpp"
 
 using namespace airhost::detail;
 using std::chrono::milliseconds;

@@ -80,7 +80,7 @@ TEST_CASE("a launch runs every rank, streams their lines and reports each one") 
 }
 
 TEST_CASE("a run that ends, torn down or not, leaves no child of this process behind, zombie or live") {
-  // The ranks and the run's group guard (host/launch/group_guard.hpp) are children of the host,
+  // The ranks and the run's group guard (host/launch/procs/group_guard.hpp) are children of the host,
   // which must reap every one of them: a zombie per run would pile up in a long-lived
   // caller (a notebook kernel).
   TempDir dir;

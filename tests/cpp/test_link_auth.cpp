@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "airhost/launcher.hpp"
-#include "launch/frames.hpp"
-#include "launch/link_auth.hpp"
-#include "launch/node_link.hpp"
+#include "launch/rank/frames.hpp"
+#include "launch/link/link_auth.hpp"
+#include "launch/link/node_link.hpp"
 
 #include "support.hpp"
 

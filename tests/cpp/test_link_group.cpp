@@ -2,7 +2,7 @@
 // attempt, and when nothing more can come. No sockets: reports are fed in by hand.
 #include <doctest/doctest.h>
 
-#include "launch/link_group.hpp"
+#include "launch/link/link_group.hpp"
 
 using namespace airhost::detail;
 

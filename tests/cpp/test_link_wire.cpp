@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "launch/link_wire.hpp"
+#include "launch/link/link_wire.hpp"
 
 using namespace airhost::detail;
 using namespace std::chrono_literals;

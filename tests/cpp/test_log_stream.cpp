@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "launch/log_stream.hpp"
+#include "launch/output/log_stream.hpp"
 
 using namespace airhost::detail;
 
@@ -95,7 +95,6 @@ TEST_CASE("bytes that are not UTF-8 pass through the splitter and into the log u
   std::system((std::string("rm -rf ") + dir).c_str());
 }
 
-TEST_CASE("the prefix names the rank") { CHECK(rank_prefix(3) == "[rank 3] "); }
 
 // ---- what the console shows, as it comes ---------------------------------------------------
 

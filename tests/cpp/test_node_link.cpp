@@ -21,9 +21,9 @@
 #include <thread>
 
 #include "airhost/launcher.hpp"
-#include "launch/frames.hpp"
-#include "launch/node_link.hpp"
-#include "launch/run_dir.hpp"
+#include "launch/rank/frames.hpp"
+#include "launch/link/node_link.hpp"
+#include "launch/run/run_dir.hpp"
 
 #include "support.hpp"
 

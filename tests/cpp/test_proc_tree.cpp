@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <ctime>
 
-#include "launch/proc_tree.hpp"
+#include "launch/procs/proc_tree.hpp"
 
 using namespace airhost::detail;
 

@@ -2,7 +2,7 @@
 
 #include <map>
 
-#include "launch/rank_env.hpp"
+#include "launch/rank/rank_env.hpp"
 
 using namespace airhost;
 using namespace airhost::detail;
@@ -170,3 +170,5 @@ TEST_CASE("ranks get the caller's terminal size, less the widest rank prefix, wh
     CHECK(env.count("COLUMNS") == 0);
   }
 }
+
+TEST_CASE("the prefix names the rank") { CHECK(rank_prefix(3) == "[rank 3] "); }

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "base/json_value.hpp"
-#include "launch/rank_usage.hpp"
+#include "launch/watch/rank_usage.hpp"
 
 using namespace airhost::detail;
 

@@ -14,8 +14,8 @@
 #include "base/errors.hpp"
 #include "base/json_value.hpp"
 #include "cli/run_records.hpp"
-#include "launch/run_dir.hpp"
-#include "launch/run_report.hpp"
+#include "launch/run/run_dir.hpp"
+#include "launch/run/run_report.hpp"
 
 using airhost::detail::ConfigError;
 using airhost::detail::JsonError;

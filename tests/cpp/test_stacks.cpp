@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "base/json_value.hpp"
-#include "launch/frames.hpp"
-#include "launch/stacks.hpp"
+#include "launch/rank/frames.hpp"
+#include "launch/watch/stacks.hpp"
 
 using namespace airhost::detail;
 

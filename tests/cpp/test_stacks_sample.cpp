@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "base/json_value.hpp"
-#include "launch/stacks_sample.hpp"
+#include "launch/watch/stacks_sample.hpp"
 
 using namespace airhost::detail;
 

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "base/sigpipe.hpp"
-#include "launch/stacks_service.hpp"
+#include "launch/watch/stacks_service.hpp"
 #include "support.hpp"
 
 using namespace airhost::detail;

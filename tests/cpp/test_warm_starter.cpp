@@ -9,8 +9,8 @@
 #include <string>
 
 #include "base/util.hpp"
-#include "launch/frames.hpp"
-#include "launch/warm_starter.hpp"
+#include "launch/rank/frames.hpp"
+#include "launch/rank/warm_starter.hpp"
 
 using namespace airhost::detail;
 

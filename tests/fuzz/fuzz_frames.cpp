@@ -1,13 +1,13 @@
-// fuzz_frames.cpp — the control channel's and the node link's bytes (launch/frames.hpp,
-// launch/link_wire.hpp): a stream cut in two at a point the input chooses, framed by
+// fuzz_frames.cpp — the control channel's and the node link's bytes (launch/rank/frames.hpp,
+// launch/link/link_wire.hpp): a stream cut in two at a point the input chooses, framed by
 // FrameDecoder, each payload decoded as fields and as a node's hello. Malformed input may only
 // raise FrameError; anything else (a crash, another exception, a sanitizer report) is a bug.
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
-#include "launch/frames.hpp"
-#include "launch/link_wire.hpp"
+#include "launch/rank/frames.hpp"
+#include "launch/link/link_wire.hpp"
 
 using namespace airhost::detail;
 

@@ -1,6 +1,6 @@
 // fuzz_records.cpp — what airhost reads back from disk that another process may have written:
 // run.json (base/json_value.hpp, cli/run_records.hpp), a rank's stacks dump
-// (launch/stacks.hpp), airhost.toml (cli/config.hpp). Malformed input may only raise the
+// (launch/watch/stacks.hpp), airhost.toml (cli/config.hpp). Malformed input may only raise the
 // reader's own error (JsonError, ConfigError); anything else is a bug.
 #include <cstddef>
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include "base/json_value.hpp"
 #include "cli/config.hpp"
 #include "cli/run_records.hpp"
-#include "launch/stacks.hpp"
+#include "launch/watch/stacks.hpp"
 
 using namespace airhost::detail;
 

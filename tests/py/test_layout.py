@@ -63,7 +63,7 @@ def test_includes_follow_the_layers(folder):
 
 
 def test_host_files_name_their_room_in_includes():
-    """Inside host/, includes say the room ("launch/frames.hpp"), so the layer is visible where
+    """Inside host/, includes say the room ("launch/rank/frames.hpp"), so the layer is visible where
     the include is written."""
     bare = []
     for path in sources("host"):
@@ -88,7 +88,7 @@ def test_the_layer_rule_catches_a_wrong_include(tmp_path, monkeypatch):
     """The check itself: a launch file that includes the CLI is reported."""
     fake = tmp_path / "host" / "launch"
     fake.mkdir(parents=True)
-    (fake / "bad.cpp").write_text('#include "launch/frames.hpp"\n#include "cli/config.hpp"\n')
+    (fake / "bad.cpp").write_text('#include "launch/rank/frames.hpp"\n#include "cli/config.hpp"\n')
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
     with pytest.raises(AssertionError, match=r"bad.cpp:2: includes cli/config.hpp"):
         test_includes_follow_the_layers("host/launch")

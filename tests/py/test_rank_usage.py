@@ -1,4 +1,4 @@
-"""What each rank uses, seen from the host (host/launch/rank_usage.hpp): CPU and memory of every
+"""What each rank uses, seen from the host (host/launch/watch/rank_usage.hpp): CPU and memory of every
 rank every 5 s into <run_dir>/metrics/ranks.jsonl, into the launch's MLflow run as system
 metrics per rank, and into the report when the timeout ends a run, naming a rank idle while
 the others are busy. Real ranks, real /proc, real MLflow. On GPUs also each rank's GPU

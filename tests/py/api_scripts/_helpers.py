@@ -258,7 +258,7 @@ def process_state(pid: int) -> str | None:
 
 
 def is_guard(cmdline: str) -> bool:
-    """The run's group guard (`airhost-rank --guard`, host/launch/group_guard.hpp), not a rank."""
+    """The run's group guard (`airhost-rank --guard`, host/launch/procs/group_guard.hpp), not a rank."""
     return cmdline.endswith("/airhost-rank --guard")
 
 

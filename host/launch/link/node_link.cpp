@@ -1,0 +1,690 @@
+// node_link.cpp — the link's thread: its poll loop, heartbeats and the public calls (see
+// node_link.hpp for the protocol; the wire, the join and the agreement have files of their own).
+#include "launch/link/node_link.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <mutex>
+#include <set>
+#include <system_error>
+#include <thread>
+
+#include "base/unique_fd.hpp"
+#include "base/util.hpp"
+#include "launch/run/run_dir.hpp"
+
+namespace airhost::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// When the link is destroyed: how long this node's last frames (its report, node 0's "end")
+// may take to leave, all connections together, before the connections close anyway.
+constexpr auto kLastWords = std::chrono::seconds(1);
+
+// NodeLinkConfig::shared_file's largest size (a frame is at most kMaxLinkFrame).
+constexpr std::size_t kMaxSharedFile = 16 * 1024;
+
+// The link's thread wakes at least every second (its poll's longest wait): a longer gap
+// between two of its turns means the whole process was stopped, not only the host's loop.
+constexpr auto kLinkThreadAway = std::chrono::seconds(3);
+
+int to_int(const std::string& s, int fallback) {
+  try {
+    return std::stoi(s);
+  } catch (...) {
+    return fallback;
+  }
+}
+
+// Every signal but the faults: those stay deliverable, since a fault raised on this thread
+// while blocked ends the process without the host's crash handling.
+sigset_t signals_blocked_in_link_thread() {
+  sigset_t set;
+  sigfillset(&set);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS}) sigdelset(&set, sig);
+  return set;
+}
+
+}  // namespace
+
+struct NodeLink::Impl {
+  // The node at the other end of a connection, as the loop sees it.
+  struct Peer {
+    NodeHello node;
+    LinkConnection conn;      // owns the socket; closed when the node leaves or the link ends
+    std::uint64_t heard = 0;  // conn.bytes_received() when last looked at
+    Clock::time_point last_rx;
+    bool got_file = false;    // node 0: shared_file went to it
+  };
+
+  Impl(const NodeLinkConfig& config, JoinedGroup joined) : cfg(config), group(config.nnodes, config.node_rank) {
+    nodes = std::move(joined.nodes);
+    attempt = joined.attempt;
+    for (auto& p : joined.peers) peers.push_back({std::move(p.node), std::move(p.conn), 0, Clock::now()});
+  }
+
+  NodeLinkConfig cfg;
+  milliseconds heartbeat{1000};
+  std::vector<NodeHello> nodes;
+  std::vector<Peer> peers;  // node 0: one per other node; another node: one, to node 0
+  // Other threads wake the loop through this pipe (both ends ours: made in start(),
+  // close-on-exec so no rank inherits them, closed in ~Impl after the thread has ended).
+  int wake[2] = {-1, -1};
+  std::thread thread;
+  std::function<void(const NodeDown&)> on_down;
+  NodeLink::StacksHandlers stacks;  // set before the thread starts
+  // The attempt under way, the same on every node: node 0 moves it on when it decides a
+  // restart, another node when it hears so. Frames carry it, so that a late report of an
+  // earlier attempt is told apart.
+  std::atomic<int> attempt{0};
+
+  mutable std::mutex m;  // guards what follows; `peers` belongs to the loop's thread alone
+  std::condition_variable cv;
+  std::vector<std::string> outbox;  // frames for every peer, queued by other threads
+  bool stop = false;
+  GroupState group;
+
+  // When the host's loop last turned (steady clock, ns); 0 while it is not watched. Set by
+  // the loop's thread, read by the link's.
+  std::atomic<std::int64_t> loop_turned{0};
+  bool loop_stuck = false;  // the link's thread alone: this node said its loop is stuck
+
+  // Node 0 after a failed attempt in which nodes were lost, while every other node wants a
+  // restart: the desk where they may come back, until rejoin_deadline (join_timeout). The link's
+  // thread alone.
+  std::unique_ptr<RejoinDesk> desk;
+  Clock::time_point rejoin_deadline{};
+  std::set<int> came_back;  // nodes that came back in this wait: they get a welcome, not "restart"
+
+  // Node 0: sends shared_file to every node once it exists (and to a node that came back).
+  void send_shared_file() {
+    if (cfg.node_rank != 0 || cfg.shared_file.empty()) return;
+    if (std::all_of(peers.begin(), peers.end(), [this](const Peer& p) { return p.got_file || is_gone(p); })) return;
+    UniqueFd fd(::open(cfg.shared_file.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return;  // not yet
+    std::string text;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd.get(), buf, sizeof buf)) > 0 && text.size() <= kMaxSharedFile)
+      text.append(buf, static_cast<std::size_t>(n));
+    const std::string f = text.size() > kMaxSharedFile ? std::string() : link_frame(LinkKind::file, {{"text", text}});
+    for (auto& p : peers)
+      if (!p.got_file && !is_gone(p)) {
+        p.got_file = true;
+        if (!f.empty()) send_to(p, f);
+      }
+  }
+
+  // Another node: what node 0 sent is written where this node's shared_file is.
+  void take_shared_file(const std::string& text) {
+    if (cfg.node_rank == 0 || cfg.shared_file.empty()) return;
+    try {
+      write_file_atomic(cfg.shared_file, text);
+    } catch (const std::exception& e) {
+      say("cannot write " + cfg.shared_file + " as node 0 sent it: " + e.what());
+    }
+  }
+  Clock::time_point last_watched = Clock::now(), loop_silent_since{};  // the link's thread alone
+
+  bool hub() const { return cfg.node_rank == 0; }
+
+  void say(const std::string& line) const {
+    if (cfg.say) cfg.say("node " + std::to_string(cfg.node_rank) + " of " + std::to_string(cfg.nnodes) + ": " + line);
+  }
+
+  ~Impl() {
+    {
+      std::lock_guard lock(m);
+      stop = true;
+    }
+    poke();
+    if (thread.joinable()) thread.join();
+    else send_outbox_and_last_words();  // never started: this is the only thread left
+    for (auto& p : peers) p.conn.close_gently();
+    for (int fd : wake)
+      if (fd >= 0) ::close(fd);
+  }
+
+  void poke() {
+    if (wake[1] >= 0) {
+      const char b = 1;
+      // EAGAIN: the pipe is full of pokes already, so the loop wakes anyway.
+      [[maybe_unused]] auto n = ::write(wake[1], &b, 1);
+    }
+  }
+
+  void queue(std::string f) {
+    {
+      std::lock_guard lock(m);
+      outbox.push_back(std::move(f));
+    }
+    poke();
+  }
+
+  // ---- on the link's thread
+
+  bool is_gone(const Peer& p) const {
+    std::lock_guard lock(m);
+    return group.gone(p.node.node_rank);
+  }
+
+  std::string down_frame(int of_attempt, const NodeDown& d) const {
+    return link_frame(LinkKind::down, {{"node", std::to_string(d.node)},
+                                       {"message", d.message},
+                                       {"cascade", d.cascade ? "1" : "0"},
+                                       {"timed_out", d.timed_out ? "1" : "0"},
+                                       {"hung", d.hung ? "1" : "0"},
+                                       {"attempt", std::to_string(of_attempt)}});
+  }
+
+  // Queues `frame` for `p`. Never waits: a peer with no room left for it (it stopped reading)
+  // is lost here. A peer whose end is gone (`closed`) has its output dropped; its close is
+  // handled where it belongs, when the loop reads the end of its input (poll reports it as
+  // readable or hung up), so that what it said before going is read first.
+  void send_to(Peer& p, const std::string& frame) {
+    if (!p.conn.is_open()) return;
+    if (p.conn.send(frame) == LinkIo::full && !is_gone(p))
+      lost(p, "it stopped reading what this node sends (" + std::to_string(p.conn.output_pending() / 1024) +
+                  " KiB waiting for it, the most a node may fall behind is " +
+                  std::to_string(kLinkOutputCap / 1024) + " KiB)");
+  }
+
+  void send_outbox(const std::vector<std::string>& frames) {
+    for (const auto& f : frames)
+      for (auto& p : peers) send_to(p, f);
+  }
+
+  // The frames queued last, then up to kLastWords for every peer still listening to take them.
+  void send_outbox_and_last_words() {
+    std::vector<std::string> frames;
+    {
+      std::lock_guard lock(m);
+      frames.swap(outbox);
+    }
+    send_outbox(frames);
+    std::vector<LinkConnection*> listening;
+    for (auto& p : peers)
+      if (!is_gone(p)) listening.push_back(&p.conn);  // a lost node would only hold us up
+    flush_all(listening, Clock::now() + kLastWords);
+  }
+
+  // A report of `d` in `of_attempt`, heard on `from`'s connection (the node itself, node 0
+  // relaying, or this node's own finding). The first report of a node is passed on: node 0
+  // relays it to the other nodes, and the launcher hears it through on_down.
+  void report(int of_attempt, const NodeDown& d, int from, const Peer* came_on) {
+    bool fresh;
+    {
+      std::lock_guard lock(m);
+      fresh = group.report_down(of_attempt, d, from);
+    }
+    cv.notify_all();
+    if (!fresh) return;
+    if (hub()) {
+      const std::string f = down_frame(of_attempt, d);
+      for (auto& p : peers)
+        if (&p != came_on) send_to(p, f);
+    }
+    if (of_attempt == attempt && on_down) {
+      NodeDown heard = d;
+      heard.attempt = of_attempt;
+      on_down(heard);
+    }
+  }
+
+  // A node that went silent, sent garbage or stopped reading keeps its connection, so that it
+  // still hears why this node stops should it merely be frozen; one whose connection closed
+  // has none left.
+  void lost(Peer& p, const std::string& why, bool closed = false) {
+    if (closed) p.conn.close();
+    {
+      std::lock_guard lock(m);
+      group.connection_gone(p.node.node_rank);
+    }
+    report(attempt, NodeDown{p.node.node_rank, describe_node(p.node) + " was lost: " + why, false}, cfg.node_rank, &p);
+  }
+
+  // Node 0: when it and every other node are done, it tells them all to end.
+  void end_if_all_done() {
+    {
+      std::lock_guard lock(m);
+      if (!group.should_end(attempt)) return;
+      group.end(attempt);
+    }
+    cv.notify_all();
+    const std::string f = link_frame(LinkKind::end, {{"attempt", std::to_string(attempt)}});
+    for (auto& p : peers) send_to(p, f);
+  }
+
+  void on_frame(Peer& p, const Frame& f) {
+    const int from = p.node.node_rank;
+    switch (static_cast<LinkKind>(f.kind)) {
+      case LinkKind::down: {
+        auto fields = decode_fields(f.payload);
+        NodeDown d{to_int(fields["node"], -1), fields["message"], fields["cascade"] == "1"};
+        d.timed_out = fields["timed_out"] == "1";
+        d.hung = fields["hung"] == "1";
+        report(to_int(fields["attempt"], 0), d, from, &p);  // no attempt: a peer before attempts, so 0
+        break;
+      }
+      case LinkKind::done: {
+        std::lock_guard lock(m);
+        group.report_done(to_int(decode_fields(f.payload)["attempt"], 0), from);
+        break;
+      }
+      case LinkKind::end: {
+        std::lock_guard lock(m);
+        group.end(to_int(decode_fields(f.payload)["attempt"], 0));
+        break;
+      }
+      case LinkKind::stopped: {  // node 0 hears it
+        auto fields = decode_fields(f.payload);
+        std::lock_guard lock(m);
+        group.report_stopped(to_int(fields["attempt"], 0), from, fields["restart"] == "1");
+        break;
+      }
+      case LinkKind::restart: {  // a spoke hears node 0's decision: the next attempt begins now
+        const int next = to_int(decode_fields(f.payload)["attempt"], 0);
+        std::lock_guard lock(m);
+        if (next == attempt + 1) {
+          group.decide(attempt, true);
+          attempt = next;
+        }
+        break;
+      }
+      case LinkKind::final: {
+        std::lock_guard lock(m);
+        group.decide(to_int(decode_fields(f.payload)["attempt"], 0), false);
+        break;
+      }
+      case LinkKind::file:
+        take_shared_file(decode_fields(f.payload)["text"]);
+        break;
+      case LinkKind::stacks_ask:
+        if (!hub() && stacks.on_ask) {
+          auto fields = decode_fields(f.payload);
+          stacks.on_ask(static_cast<unsigned>(to_int(fields["seq"], 0)), fields["only"]);
+        }
+        break;
+      case LinkKind::stacks:
+        if (hub() && stacks.on_answer) {
+          auto fields = decode_fields(f.payload);
+          stacks.on_answer(from, static_cast<unsigned>(to_int(fields["seq"], 0)), fields["ranks"]);
+        }
+        break;
+      default:
+        break;  // heartbeats (hearing anything is what counts), and kinds of a later version
+    }
+    cv.notify_all();
+    end_if_all_done();
+    decide_if_all_stopped();
+  }
+
+  // Node 0, after a failed attempt: once every node has stopped its ranks (or one is gone),
+  // restart them all if every node wants it, else end. The attempt moves on before anyone
+  // hears of it, so that a report of the new attempt is never taken for the old one's.
+  // When nodes were lost and every other one wants a restart, node 0 waits for the lost ones
+  // to come back (rejoin_wait) before it decides.
+  void decide_if_all_stopped() {
+    int of;
+    bool restart;
+    std::vector<int> lost_nodes;
+    {
+      std::lock_guard lock(m);
+      of = attempt;
+      if (!group.should_decide(of)) return;
+      restart = group.restart_agreed(of);
+      if (!restart) lost_nodes = group.rejoin_wanted(of);
+    }
+    if (!lost_nodes.empty() && rejoin_wait(of, lost_nodes)) return;
+    {
+      std::lock_guard lock(m);
+      if (group.decision(of)) return;
+      restart = group.restart_agreed(of);  // the lost nodes may have come back meanwhile
+      group.decide(of, restart);
+      if (restart) attempt = of + 1;
+    }
+    desk.reset();  // the port is rank 0's store's again
+    cv.notify_all();
+    const std::string f = restart ? link_frame(LinkKind::restart, {{"attempt", std::to_string(of + 1)}})
+                                  : link_frame(LinkKind::final, {{"attempt", std::to_string(of)}});
+    const std::string welcome = link_frame(LinkKind::welcome, {{"host", nodes[0].host},
+                                                               {"nodes", std::to_string(cfg.nnodes)},
+                                                               {"attempt", std::to_string(of + 1)}});
+    for (auto& p : peers) {
+      if (is_gone(p)) continue;
+      send_to(p, restart && came_back.count(p.node.node_rank) ? welcome : f);
+    }
+    came_back.clear();
+    if (restart) send_shared_file();
+  }
+
+  // Node 0, after attempt `of` failed with `lost` nodes gone and every other node wanting a
+  // restart: listens again and takes back each lost node whose airhost comes back (restarted by
+  // hand, by Kubernetes, by a script), as torchrun's agents join the next round. True while it
+  // still waits; false once it is time to decide: every lost node is back (the restart is then
+  // agreed), or join_timeout passed, or the port cannot be had (the job then ends).
+  bool rejoin_wait(int of, const std::vector<int>& lost_nodes) {
+    const auto now = Clock::now();
+    if (!desk) {
+      try {
+        desk = std::make_unique<RejoinDesk>(cfg);
+      } catch (const std::exception& e) {
+        say(std::string(e.what()) + "; the job cannot wait for the lost node(s) to come back");
+        return false;
+      }
+      rejoin_deadline = now + cfg.join_timeout;
+      std::string names;
+      for (int n : lost_nodes)
+        names += (names.empty() ? "" : ", ") + describe_node(nodes[static_cast<std::size_t>(n)]);
+      say("the other nodes want a restart; waiting up to " + duration_text(cfg.join_timeout) +
+                " (join_timeout) for " + names + " to come back: start its airhost again with the same arguments");
+    }
+    for (auto& back : desk->take(lost_nodes)) {
+      const int n = back.node.node_rank;
+      for (auto& p : peers) {
+        if (p.node.node_rank != n) continue;
+        p.conn = std::move(back.conn);
+        p.node = back.node;
+        p.heard = 0;
+        p.last_rx = Clock::now();
+        p.got_file = false;
+      }
+      nodes[static_cast<std::size_t>(n)] = back.node;
+      came_back.insert(n);
+      {
+        std::lock_guard lock(m);
+        group.came_back(of, n);
+      }
+      say(describe_node(back.node) + " came back" + (cfg.join_token.empty() ? "" : " (its join token checked)"));
+    }
+    bool all_back, still_wanted;
+    {
+      std::lock_guard lock(m);
+      all_back = group.restart_agreed(of);
+      still_wanted = all_back || !group.rejoin_wanted(of).empty();
+    }
+    if (all_back) return false;
+    if (!still_wanted) return false;  // a node withdrew meanwhile (stopped, or lost for good)
+    if (now < rejoin_deadline) return true;
+    std::string names;
+    for (int n : lost_nodes) names += (names.empty() ? "" : ", ") + std::to_string(n);
+    say("node" + std::string(lost_nodes.size() > 1 ? "s " : " ") + names + " did not come back within " +
+        duration_text(cfg.join_timeout) + " (join_timeout); the job ends");
+    return false;
+  }
+
+  void on_closed(Peer& p) {
+    bool expected;
+    {
+      std::lock_guard lock(m);
+      expected = group.close_expected(attempt, p.node.node_rank);
+      if (expected) group.connection_gone(p.node.node_rank);
+    }
+    if (!expected) return lost(p, "its connection closed (its airhost exited or was killed)", true);
+    p.conn.close();
+    cv.notify_all();
+    end_if_all_done();
+  }
+
+  // Takes what `p` sent: frames, then its close.
+  void read_from(Peer& p) {
+    const LinkIo got = p.conn.receive();
+    if (p.conn.bytes_received() != p.heard) {
+      p.heard = p.conn.bytes_received();
+      p.last_rx = Clock::now();
+    }
+    try {
+      while (auto f = p.conn.next_frame()) on_frame(p, *f);
+    } catch (const FrameError& e) {
+      return lost(p, std::string("it sent garbage (") + e.what() + ")");
+    }
+    if (got == LinkIo::closed) on_closed(p);
+  }
+
+  void loop() {
+    auto next_beat = Clock::now();
+    std::vector<pollfd> fds;
+    const std::string beat = link_frame(LinkKind::heartbeat);
+    for (;;) {
+      std::vector<std::string> frames;
+      bool stopping;
+      {
+        std::lock_guard lock(m);
+        frames.swap(outbox);
+        stopping = stop;
+      }
+      send_outbox(frames);
+      if (stopping) return send_outbox_and_last_words();
+      end_if_all_done();
+      decide_if_all_stopped();
+
+      auto now = Clock::now();
+      watch_loop(now);
+      if (now >= next_beat) {
+        send_shared_file();
+        // A node whose loop is stuck beats no more: the beats say its ranks are watched.
+        if (!loop_stuck)
+          for (auto& p : peers)
+            if (!is_gone(p)) send_to(p, beat);
+        next_beat = now + heartbeat;
+      }
+      for (auto& p : peers) {
+        if (!p.conn.is_open() || is_gone(p) || now - p.last_rx <= cfg.node_timeout) continue;
+        // What waits unread is not silence: a node this host could not listen to (this process
+        // was stopped, or busy) may have spoken all along, maybe its last words.
+        read_from(p);
+        if (p.conn.is_open() && !is_gone(p) && Clock::now() - p.last_rx > cfg.node_timeout)
+          lost(p, "nothing heard from it for " + duration_text(cfg.node_timeout) + " (node_timeout)");
+      }
+
+      // Listening to every peer still in the group; writing to any with output waiting, lost
+      // or not (a frozen node may yet thaw and read why the others stopped).
+      fds.assign(1, pollfd{wake[0], POLLIN, 0});
+      for (auto& p : peers) {
+        const bool gone = is_gone(p);
+        const short events = gone ? (p.conn.output_pending() ? POLLOUT : 0) : p.conn.poll_events();
+        fds.push_back(pollfd{events ? p.conn.fd() : -1, events, 0});  // poll skips -1
+      }
+      if (desk) desk->add_poll_fds(fds);  // after the peers: their indexes stay as they are
+      // Awake for the next heartbeat, and for the moment the quietest peer passes node_timeout.
+      auto wake_at = next_beat;
+      if (desk) wake_at = std::min(wake_at, now + milliseconds(100));  // a join's steps, and its deadline
+      for (auto& p : peers)
+        if (p.conn.is_open() && !is_gone(p)) wake_at = std::min(wake_at, p.last_rx + cfg.node_timeout + milliseconds(1));
+      now = Clock::now();
+      const auto wait = std::chrono::duration_cast<milliseconds>(wake_at - now).count();
+      if (::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(wait, 1, 1000))) < 0 && errno != EINTR)
+        throw std::system_error(errno, std::generic_category(), "node link: poll");
+      if (fds[0].revents) {
+        char buf[64];
+        while (::read(wake[0], buf, sizeof buf) > 0) {
+        }
+      }
+      for (std::size_t i = 0; i < peers.size(); ++i) {
+        Peer& p = peers[i];
+        const short revents = fds[i + 1].fd < 0 ? 0 : fds[i + 1].revents;
+        if (!revents || !p.conn.is_open()) continue;
+        // A write error drops the output; the end of the connection is then read below, or,
+        // for a lost node, no longer polled.
+        if (p.conn.output_pending()) (void)p.conn.flush();
+        if (!is_gone(p) && (revents & (POLLIN | POLLHUP | POLLERR))) read_from(p);
+      }
+    }
+  }
+
+  // The host's loop has not turned for node_timeout: nothing watches this node's ranks (no
+  // timeout, no reaping, no teardown), so the other nodes must not count on them. Told once,
+  // as this node's own report: node 0 hears it (and relays it), and so does on_down here,
+  // whose abort() ends the run should the loop come back.
+  // A whole process that was stopped (SIGSTOP, a frozen VM) stops this thread too: when it
+  // runs again, the loop's silence counts only from then, since the loop was not stuck, merely
+  // stopped with it (the other nodes judge that silence themselves).
+  void watch_loop(Clock::time_point now) {
+    if (now - last_watched > kLinkThreadAway) loop_silent_since = now;
+    last_watched = now;
+    const std::int64_t turned = loop_turned.load(std::memory_order_relaxed);
+    if (loop_stuck || turned == 0) return;
+    const auto silent = now - std::max(Clock::time_point(Clock::duration(turned)), loop_silent_since);
+    if (silent <= cfg.node_timeout) return;
+    loop_stuck = true;
+    const NodeHello& self = nodes[static_cast<std::size_t>(cfg.node_rank)];
+    const NodeDown d{cfg.node_rank,
+                     describe_node(self) + " stopped: its airhost's loop has not turned for " +
+                         duration_text(std::chrono::duration_cast<milliseconds>(silent)) +
+                         " (node_timeout), so nothing watches its ranks (a callback of the embedding program "
+                         "that does not return, or a write to a file system that hangs)",
+                     false};
+    if (!hub()) send_outbox({down_frame(attempt, d)});
+    report(attempt, d, cfg.node_rank, nullptr);  // node 0 relays it to every other node
+  }
+
+  void run_loop() noexcept {
+    try {
+      loop();
+    } catch (const std::exception& e) {
+      // Only poll() failing gets here (EFAULT, ENOMEM): with no loop, the others cannot be
+      // watched, so this node reports itself lost to the launcher, which stops its ranks.
+      report(attempt, NodeDown{cfg.node_rank, "the node link of " + describe_node(nodes[static_cast<std::size_t>(cfg.node_rank)]) + " failed: " + e.what(), false},
+             cfg.node_rank, nullptr);
+    }
+  }
+};
+
+NodeLink::NodeLink(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+NodeLink::~NodeLink() = default;
+
+const std::vector<NodeHello>& NodeLink::nodes() const { return impl_->nodes; }
+
+int NodeLink::attempt() const { return impl_->attempt; }
+
+bool NodeLink::after_attempt(bool want_restart, milliseconds limit, const std::function<bool()>& cancelled) {
+  Impl& s = *impl_;
+  int of;
+  auto say_stopped = [&](bool restart) {
+    {
+      std::lock_guard lock(s.m);
+      if (s.hub()) s.group.report_stopped(of, 0, restart);
+    }
+    if (s.hub()) s.poke();  // its loop decides once every node has stopped
+    else s.queue(link_frame(LinkKind::stopped, {{"attempt", std::to_string(of)}, {"restart", restart ? "1" : "0"}}));
+  };
+  {
+    std::lock_guard lock(s.m);
+    of = s.attempt;
+  }
+  say_stopped(want_restart);
+  // The wait may be long (node 0 waits up to join_timeout for a lost node to come back): a
+  // node interrupted meanwhile withdraws, and the job ends everywhere.
+  const auto until = limit.count() > 0 ? Clock::now() + limit : Clock::time_point::max();
+  auto withdrawn_until = Clock::time_point::max();
+  std::unique_lock lock(s.m);
+  auto ready = [&] { return s.group.decision(of).has_value() || (!s.hub() && s.group.gone(0)); };
+  while (!ready()) {
+    const auto now = Clock::now();
+    if (now >= until || now >= withdrawn_until) break;
+    s.cv.wait_for(lock, milliseconds(100), ready);
+    if (ready() || withdrawn_until != Clock::time_point::max() || !cancelled) continue;
+    lock.unlock();
+    const bool stop = cancelled();
+    if (stop && want_restart) say_stopped(false);
+    if (stop) withdrawn_until = Clock::now() + std::chrono::seconds(5);
+    lock.lock();
+  }
+  return s.group.decision(of).value_or(false);
+}
+
+void NodeLink::start(std::function<void(const NodeDown&)> on_down) {
+  Impl& s = *impl_;
+  s.on_down = std::move(on_down);
+  if (::pipe2(s.wake, O_CLOEXEC | O_NONBLOCK) < 0)
+    throw std::system_error(errno, std::generic_category(), "node link: pipe");
+  for (auto& p : s.peers) p.last_rx = Clock::now();
+  // The thread inherits the mask of the thread that makes it: block everything the host
+  // handles for the moment of its creation, so that a SIGINT, SIGTERM or SIGCHLD is never
+  // delivered to the link (where it would interrupt a poll and nothing else), only to a
+  // thread of the host's, whose loop acts on it.
+  const sigset_t blocked = signals_blocked_in_link_thread();
+  sigset_t previous;
+  if (const int rc = ::pthread_sigmask(SIG_BLOCK, &blocked, &previous); rc != 0)
+    throw std::system_error(rc, std::generic_category(), "node link: pthread_sigmask");
+  try {
+    s.thread = std::thread([&s] { s.run_loop(); });
+  } catch (...) {
+    ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    throw;
+  }
+  ::pthread_sigmask(SIG_SETMASK, &previous, nullptr);  // restoring a mask that was in effect cannot fail
+}
+
+void NodeLink::loop_alive() noexcept {
+  impl_->loop_turned.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+}
+
+void NodeLink::unwatch_loop() noexcept { impl_->loop_turned.store(0, std::memory_order_relaxed); }
+
+void NodeLink::handle_stacks(StacksHandlers handlers) { impl_->stacks = std::move(handlers); }
+
+void NodeLink::ask_stacks(unsigned seq, const std::string& only) {
+  if (impl_->hub()) impl_->queue(link_frame(LinkKind::stacks_ask, {{"seq", std::to_string(seq)}, {"only", only}}));
+}
+
+void NodeLink::answer_stacks(unsigned seq, const std::string& ranks) {
+  if (!impl_->hub()) impl_->queue(link_frame(LinkKind::stacks, {{"seq", std::to_string(seq)}, {"ranks", ranks}}));
+}
+
+void NodeLink::tell_down(const std::string& why, bool cascade, bool timed_out, bool hung) {
+  Impl& s = *impl_;
+  NodeDown d{s.cfg.node_rank, describe_node(s.nodes[static_cast<std::size_t>(s.cfg.node_rank)]) + " " + why, cascade};
+  d.timed_out = timed_out;
+  d.hung = hung;
+  s.queue(s.down_frame(s.attempt, d));
+}
+
+std::optional<NodeDown> NodeLink::down() const {
+  std::lock_guard lock(impl_->m);
+  return impl_->group.verdict(impl_->attempt);
+}
+
+std::optional<NodeDown> NodeLink::wait_down(milliseconds limit) {
+  Impl& s = *impl_;
+  std::unique_lock lock(s.m);
+  s.cv.wait_for(lock, limit, [&] { return s.group.real_down(s.attempt) || s.group.quiet(s.attempt); });
+  return s.group.verdict(s.attempt);
+}
+
+std::optional<NodeDown> NodeLink::finish(milliseconds limit) {
+  Impl& s = *impl_;
+  {
+    std::lock_guard lock(s.m);
+    s.group.report_done(s.attempt, s.cfg.node_rank);
+  }
+  if (!s.hub()) s.queue(link_frame(LinkKind::done, {{"attempt", std::to_string(s.attempt)}}));
+  else s.poke();  // node 0 counts itself done: its loop may now see every node done
+  std::unique_lock lock(s.m);
+  auto ready = [&] { return s.group.ended(s.attempt) || s.group.any_down(s.attempt); };
+  if (limit.count() > 0) s.cv.wait_for(lock, limit, ready);
+  else s.cv.wait(lock, ready);
+  if (s.group.any_down(s.attempt)) return s.group.verdict(s.attempt);
+  if (s.group.ended(s.attempt)) return std::nullopt;
+  return NodeDown{-1, "the other nodes did not finish within the run's timeout", false};
+}
+
+std::unique_ptr<NodeLink> NodeLink::join(const NodeLinkConfig& config, const std::function<bool()>& cancelled) {
+  auto impl = std::make_unique<Impl>(config, join_group(config, cancelled));
+  impl->heartbeat = config.heartbeat.count() > 0
+                        ? config.heartbeat
+                        : std::clamp(config.node_timeout / 3, milliseconds(100), milliseconds(1000));
+  return std::unique_ptr<NodeLink>(new NodeLink(std::move(impl)));
+}
+
+}  // namespace airhost::detail
