@@ -4,10 +4,8 @@ from __future__ import annotations
 import codecs
 import concurrent.futures
 import functools
-import io
 import math
 import os
-import pickle
 import shutil
 import signal
 import sys
@@ -16,24 +14,12 @@ import threading
 import warnings
 from typing import Any, Callable, Dict, List, Optional
 
-from . import _accelerators, _leases, _native, _results
+from . import _accelerators, _errors, _leases, _native, _payload, _results
+from ._errors import DistributedError
 from ._tracking import Tracking
 
 DEFAULT_TIMEOUT = 10800  # 3 h, as databricks.air
 DEFAULT_HANG_TIMEOUT = 1800  # 30 min: no rank making progress that long is reported (docs/hangs.md)
-LARGE_PAYLOAD = 256 << 20
-
-
-class DistributedError(RuntimeError):
-    """A rank failed. `failed_ranks`, `report` (the run's outcome per rank) and `run_dir`
-    (logs, run.json) tell the rest; `__cause__` is the rank's own exception when it could
-    be rebuilt in this process."""
-
-    def __init__(self, message: str, failed_ranks=(), report: Optional[dict] = None):
-        super().__init__(message)
-        self.failed_ranks: List[int] = list(failed_ranks)
-        self.report = report
-        self.run_dir = report["run_dir"] if report else None
 
 
 # ---- options --------------------------------------------------------------------------
@@ -138,153 +124,6 @@ class _Options:
                 f"ask for at most {len(node.gpus)}"
             )
         return n, [(g.index, g.uuid) for g in node.gpus]
-
-
-# ---- payload --------------------------------------------------------------------------
-
-
-def _cloudpickle():
-    try:
-        import cloudpickle
-    except ImportError as e:  # a dependency of the package; only a broken install lacks it
-        raise ImportError("airhost needs cloudpickle to send functions to ranks: pip install cloudpickle") from e
-    return cloudpickle
-
-
-def _dumps(obj) -> bytes:
-    """cloudpickle.dumps, knowing torch.ops: a function from __main__ whose code says
-    `torch.ops` (custom ops, DeepSpeed) makes cloudpickle look up "torch.ops" in sys.modules,
-    where torch registers an `_Ops` object, not a module, which it then fails to pickle. It
-    travels as what it is: an attribute of the torch module."""
-    cp = _cloudpickle()
-
-    class Pickler(cp.CloudPickler):
-        def reducer_override(self, obj):
-            t = type(obj)
-            if t.__name__ == "_Ops" and t.__module__ == "torch._ops":
-                return getattr, (sys.modules["torch"], "ops")
-            return super().reducer_override(obj)
-
-    buf = io.BytesIO()
-    Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
-    return buf.getvalue()
-
-
-def _describe_unpicklable(fn, args, kwargs) -> str:
-    candidates = [(f"argument {i} of {fn.__qualname__}", a) for i, a in enumerate(args)]
-    candidates += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
-    code = getattr(fn, "__code__", None)
-    if code is not None:
-        for name, cell in zip(code.co_freevars, fn.__closure__ or ()):
-            try:
-                candidates.append((f"the captured variable {name!r}", cell.cell_contents))
-            except ValueError:
-                pass
-        g = getattr(fn, "__globals__", {})
-        candidates += [(f"the global {n!r}", g[n]) for n in code.co_names if n in g]
-    candidates.append((f"the function {fn.__qualname__}", fn))
-    for what, obj in candidates:
-        try:
-            _dumps(obj)
-        except Exception as e:
-            return f"{what} ({type(obj).__name__}) cannot be pickled: {e}"
-    return "the function or its arguments cannot be pickled"
-
-
-def _code_key(code):
-    return (getattr(code, "co_qualname", code.co_name), code.co_firstlineno)
-
-
-def _by_value_sources(*roots):
-    """Where each function that travels by value came from: cloudpickle sends the functions of
-    `__main__` (a script, a notebook cell) by value and names their file "<dynamic-code>". Returns
-    ({(qualname, first line): filename}, {filename: source lines}) for the functions reachable
-    from `roots` (through globals they name, closures, defaults, classes' methods), the lines
-    only for files that are not on disk (a notebook cell's), so that the rank can show them."""
-    import inspect
-    import linecache
-
-    files, sources, seen = {}, {}, set()
-    stack = list(roots)
-    while stack and len(seen) < 10_000:
-        obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, (list, tuple, set, frozenset)):
-            stack.extend(obj)
-        elif isinstance(obj, dict):
-            stack.extend(obj.values())
-        elif isinstance(obj, type) and obj.__module__ == "__main__":
-            stack.extend(v for v in vars(obj).values())
-        elif isinstance(obj, (staticmethod, classmethod)):
-            stack.append(obj.__func__)
-        elif isinstance(obj, functools.partial):
-            stack.extend((obj.func, obj.args, obj.keywords))
-        elif inspect.ismethod(obj):
-            stack.append(obj.__func__)
-        elif inspect.isfunction(obj) and getattr(obj, "__module__", None) == "__main__":
-            code = obj.__code__
-            files[_code_key(code)] = code.co_filename
-            if code.co_filename not in sources and not os.path.exists(code.co_filename):
-                lines = linecache.getlines(code.co_filename)
-                if lines:
-                    sources[code.co_filename] = lines
-            g = obj.__globals__
-            stack.extend(g[n] for n in _names_of(code) if n in g)
-            stack.extend(c.cell_contents for c in (obj.__closure__ or ()) if _cell_has_value(c))
-            stack.extend(obj.__defaults__ or ())
-            stack.extend((obj.__kwdefaults__ or {}).values())
-    return files, sources
-
-
-def _names_of(code):
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if hasattr(c, "co_names"):
-            names |= _names_of(c)
-    return names
-
-
-def _cell_has_value(cell):
-    try:
-        cell.cell_contents
-        return True
-    except ValueError:
-        return False
-
-
-def _payload(fn, args, kwargs) -> list:
-    code = getattr(fn, "__code__", None)
-    try:
-        files, sources = _by_value_sources(fn, args, kwargs)
-    except Exception:  # a name for tracebacks is never worth failing the call
-        files, sources = {}, {}
-    meta = pickle.dumps(
-        {"sys_path": list(sys.path), "filename": code.co_filename if code else None, "format": 1,
-         "files": files, "sources": sources},
-        protocol=pickle.HIGHEST_PROTOCOL,
-    )
-    try:
-        body = _dumps((fn, args, kwargs))
-    except (MemoryError, OverflowError) as e:
-        raise ValueError(
-            f"the function and its arguments are too large to send to the ranks ({type(e).__name__}); "
-            "load large data inside the function instead of capturing it"
-        ) from e
-    except Exception as e:
-        raise TypeError(
-            f"cannot send {fn.__qualname__} to the ranks: {_describe_unpicklable(fn, args, kwargs)}. "
-            "Create such objects inside the function, or pass picklable data instead."
-        ) from e
-    if len(body) > LARGE_PAYLOAD:
-        warnings.warn(
-            f"{fn.__qualname__} and its arguments pickle to {len(body) / 2**30:.2f} GiB; every rank "
-            "loads its own copy. Load large data inside the function instead.",
-            ResourceWarning,
-            stacklevel=4,
-        )
-    return [meta, body]  # written one after the other: no third copy of a large body
 
 
 def _make_private_dirs(path: str) -> None:
@@ -461,7 +300,7 @@ class _Launch:
         self.out = out
         self.err = err
         self.nprocs, self._candidates = opts.resolve_ranks()
-        self._payload = _payload(fn, args, kwargs)  # TypeError naming the culprit, before any start
+        self._payload = _payload.build(fn, args, kwargs)  # TypeError naming the culprit, before any start
         self.lease = None
         self.run = None
         self.run_dir = None
@@ -647,79 +486,18 @@ def _prune_old_runs() -> None:
         pass  # pruning is housekeeping, never a reason to fail a call
 
 
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
-def _rank_failure(r: dict) -> str:
-    if r["signal"]:
-        what = f"was killed by {_signal_name(r['signal'])}"
-    else:
-        what = f"exited with code {r['exit_code']}"
-    if r["error"]:
-        first = (r["error"]["message"] or "").splitlines()[:1]
-        what += f": {r['error']['type']}" + (f": {first[0]}" if first else "")
-    return f"rank {r['rank']} (pid {r['pid']}) {what}"
-
-
 def _results_or_raise(report: dict, opts: _Options) -> List[Any]:
     ranks = sorted(report["ranks"], key=lambda r: r["rank"])
-    outcome = report["outcome"]
     # Results over 64 KiB are mappings of shared memory (see _results.py). Neither the report
     # nor an exception keeps one: memory is held only by the values handed back.
     mapped = {}
     for r in ranks:
         if r["result"] is not None and not isinstance(r["result"], bytes):
-            if outcome == "succeeded":
+            if report["outcome"] == "succeeded":
                 mapped[r["rank"]] = r["result"]
             r["result"] = None
+    _errors.raise_unless_succeeded(report, ranks, opts.timeout, opts.on_hang)
     logs = os.path.join(report["run_dir"], "logs")
-    stacks = os.path.join(report["run_dir"], "stacks")
-    if outcome == "timed_out" and report.get("hang") and opts.on_hang == "stop":
-        raise TimeoutError(
-            f"the run hung ({report['hang']}) and every rank was stopped (on_hang='stop'); where each "
-            f"rank stood is in {stacks}. Logs: {logs}"
-        )
-    if outcome == "timed_out":
-        # Its timeout ended it; a hang reported before (on_hang='report') is said, not blamed.
-        hung = f" It had been reported hung first ({report['hang']}); where each rank stood is in {stacks}." \
-            if report.get("hang") else ""
-        raise TimeoutError(
-            f"the run timed out after {opts.timeout} s and every rank was stopped; raise timeout= "
-            f"(or None to disable it).{hung} Logs: {logs}"
-        )
-    if outcome == "interrupted":
-        raise KeyboardInterrupt(f"the run was interrupted by {_signal_name(report['interrupt_signal'])}")
-    if outcome != "succeeded":
-        failed = [r for r in ranks if r["state"] == "failed"]
-        root = next((r for r in ranks if r["rank"] == report["root_cause"]), failed[0] if failed else None)
-        lines = [
-            f"{len(failed)} of {len(ranks)} rank(s) failed: " + ", ".join(str(r["rank"]) for r in failed)
-        ]
-        lines += ["  " + _rank_failure(r) for r in failed]
-        cause = None
-        if root is not None:
-            if root["error"] and root["error"]["traceback"]:
-                lines.append(f"Remote traceback of rank {root['rank']}:")
-                lines.append(root["error"]["traceback"].rstrip("\n"))
-            else:
-                lines.append(f"Rank {root['rank']} reported no Python exception; see {root['stderr_log']}")
-            if root["error"] and root["error"]["pickled"]:
-                try:
-                    cause = pickle.loads(root["error"]["pickled"])
-                except Exception:
-                    cause = None
-        hint = report.get("message", "").partition("; this node has no GPU")[2]
-        if hint:  # CUDA or NCCL failed on CPU ranks: what happened and what to do, last, read first
-            lines.append("This node has no GPU" + hint + ".")
-        lines.append(f"Logs: {logs}")
-        err = DistributedError("\n".join(lines), [r["rank"] for r in failed], report)
-        if isinstance(cause, BaseException):
-            raise err from cause
-        raise err
     results = []
     for r in ranks:
         result = mapped.pop(r["rank"], None) or r["result"]

@@ -24,7 +24,7 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
-from . import _api
+from . import _errors, _payload
 
 ENDED = frozenset({"succeeded", "failed", "cancelled", "interrupted", "timed_out", "node_lost", "not_started",
                    "preempted"})
@@ -58,8 +58,9 @@ def _one_line(stderr: str) -> str:
 class JobTarget:
     """Where and how a `@distributed` function is submitted; `.submit(*args, **kwargs)` does it."""
 
-    def __init__(self, fn: "_api.DistributedFunction", to: Optional[str], nodes: int, experiment: Optional[str],
+    def __init__(self, fn, to: Optional[str], nodes: int, experiment: Optional[str],
                  sbatch: Optional[List[str]], requeue: Optional[bool], slurm: Dict[str, Any]):
+        # fn: the DistributedFunction (_api.py) whose .job() this is: its .fn and .options.
         if to not in (None, "local", "slurm"):
             raise ValueError(f"to= takes 'local' or 'slurm' (or None: Slurm when sbatch is on PATH), got {to!r}")
         if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
@@ -105,7 +106,7 @@ class JobTarget:
     def submit(self, *args, **kwargs) -> "Job":
         """Submits the function with these arguments; returns the Job at once. Bad input (an
         unpicklable argument, a Slurm setting sbatch refuses) raises here, with nothing left."""
-        parts = _api._payload(self.fn.fn, args, kwargs)
+        parts = _payload.build(self.fn.fn, args, kwargs)
         staging = tempfile.mkdtemp(prefix="airhost-job-")
         try:
             name = getattr(self.fn.fn, "__name__", "function")
@@ -185,14 +186,14 @@ class Job:
                     with open(path, "rb") as f:
                         results[r["rank"]] = pickle.load(f)
                 except FileNotFoundError:
-                    raise _api.DistributedError(
+                    raise _errors.DistributedError(
                         f"rank {r['rank']} of run {self.run_id} left no result ({path}); did it call os._exit? "
                         f"Logs: {os.path.join(node['run_dir'], 'logs')}", [r["rank"]], node) from None
         world = max(1, int(self._last.get("nnodes") or 1)) * int(self._last.get("nprocs") or 0)
         missing = [k for k in range(world) if k not in results]
         if missing:
-            raise _api.DistributedError(f"run {self.run_id} has no result of rank(s) {missing}; its nodes' records "
-                                        f"are {[n['run_dir'] for n in nodes]}", missing)
+            raise _errors.DistributedError(f"run {self.run_id} has no result of rank(s) {missing}; its nodes' "
+                                           f"records are {[n['run_dir'] for n in nodes]}", missing)
         return [results[k] for k in sorted(results)]
 
     def _node_records(self) -> List[dict]:
@@ -216,19 +217,12 @@ class Job:
         failed = sorted((r for r in ranks if r["state"] == "failed"), key=lambda r: r["rank"])
         if not failed:
             message = self._last.get("problem") or self._last.get("message") or state
-            return _api.DistributedError(f"run {self.run_id} {state}: {message}. Logs: {logs}", [], self._last)
+            return _errors.DistributedError(f"run {self.run_id} {state}: {message}. Logs: {logs}", [], self._last)
         # The root cause is the failed rank a node named as its own (the first to fail there).
         root = next((r for r in failed if r["rank"] == r["_node"].get("root_cause")), failed[0])
-        lines = [f"{len(failed)} of {len(ranks)} rank(s) failed: " + ", ".join(str(r["rank"]) for r in failed)]
-        lines += ["  " + _api._rank_failure(dict(r, error=r.get("error") and dict(r["error"], pickled=None)))
-                  for r in failed]
-        if root.get("error") and root["error"].get("traceback"):
-            lines.append(f"Remote traceback of rank {root['rank']}:")
-            lines.append(root["error"]["traceback"].rstrip("\n"))
-        else:
-            lines.append(f"Rank {root['rank']} reported no Python exception; see {root['stderr_log']}")
+        lines = _errors.failure_lines(failed, len(ranks), root)
         lines.append(f"Logs: {os.path.join(root['_node']['run_dir'], 'logs')}")
-        err = _api.DistributedError("\n".join(lines), [r["rank"] for r in failed], self._last)
+        err = _errors.DistributedError("\n".join(lines), [r["rank"] for r in failed], self._last)
         try:
             with open(os.path.join(root["_node"]["run_dir"], "results", f"rank-{root['rank']}.exception.pkl"), "rb") as f:
                 cause = pickle.load(f)
