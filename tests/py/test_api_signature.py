@@ -58,6 +58,16 @@ def test_the_default_timeout_is_three_hours():
 
 
 @pytest.mark.timeout(30)
+def test_the_keywords_of_distributed_are_the_option_fields_in_order_with_their_defaults():
+    # distributed() hands its keywords to _Options by name: one table, written once there.
+    keywords = [(p.name, p.default) for p in inspect.signature(distributed).parameters.values()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    fields = [(p.name, p.default) for p in inspect.signature(airhost._api._Options).parameters.values()]
+    assert keywords == fields
+    assert len(fields) == 13
+
+
+@pytest.mark.timeout(30)
 def test_num_accelerators_accelerator_type_and_timeout_are_kept():
     fn = distributed(num_accelerators=2, accelerator_type="GPU_8xH100", timeout=600)(add)
     assert fn.options.num_accelerators == 2

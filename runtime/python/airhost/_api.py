@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import codecs
 import concurrent.futures
+import dataclasses
 import functools
 import math
 import os
@@ -25,49 +26,54 @@ DEFAULT_HANG_TIMEOUT = 1800  # 30 min: no rank making progress that long is repo
 # ---- options --------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(eq=False)
 class _Options:
-    def __init__(
-        self,
-        num_accelerators,
-        accelerator_type,
-        timeout,
-        gpus,
-        gpu_type,
-        tracking,
-        wait_for_accelerators,
-        grace,
-        env,
-        prefix,
-        max_restarts=0,
-        hang_timeout=DEFAULT_HANG_TIMEOUT,
-        on_hang="report",
-    ):
+    """The options of `distributed(...)`, one field each, with its default: the keywords of
+    distributed() are these fields, in this order (tests/py/test_api_signature.py holds them to
+    it). The legacy `gpus` and `gpu_type` are read once and not kept; `gpu_model` is derived."""
+
+    num_accelerators: Optional[int] = None
+    accelerator_type: Any = None
+    timeout: Optional[float] = DEFAULT_TIMEOUT
+    gpus: dataclasses.InitVar[Optional[int]] = None
+    gpu_type: dataclasses.InitVar[Any] = None
+    tracking: Optional[bool] = None
+    wait_for_accelerators: Optional[float] = None
+    grace: float = 10.0
+    env: Optional[Dict[str, str]] = None
+    prefix: bool = True
+    max_restarts: int = 0
+    hang_timeout: Optional[float] = DEFAULT_HANG_TIMEOUT
+    on_hang: str = "report"
+    gpu_model: Optional[str] = dataclasses.field(init=False)  # the GPU model asked for, if any
+
+    def __post_init__(self, gpus, gpu_type):
+        self.gpu_model = None
+        # Warnings point at the user's distributed(...): above __post_init__, __init__, distributed.
         if gpus is not None:
             warnings.warn(
-                "distributed(gpus=...) is deprecated; use num_accelerators=...", FutureWarning, stacklevel=3
+                "distributed(gpus=...) is deprecated; use num_accelerators=...", FutureWarning, stacklevel=4
             )
-            if num_accelerators is not None:
+            if self.num_accelerators is not None:
                 raise ValueError("give num_accelerators or its legacy name gpus, not both")
-            num_accelerators = gpus
-        self.gpu_model: Optional[str] = None
+            self.num_accelerators = gpus
         if gpu_type is not None:
             warnings.warn(
                 "distributed(gpu_type=...) is deprecated; use accelerator_type=AcceleratorType....",
                 FutureWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
-            if accelerator_type is not None:
+            if self.accelerator_type is not None:
                 raise ValueError("give accelerator_type or its legacy name gpu_type, not both")
             self.gpu_model = _accelerators.parse_gpu_type(gpu_type)
-        if num_accelerators is not None:
-            if isinstance(num_accelerators, bool) or not isinstance(num_accelerators, int) or num_accelerators < 1:
-                raise ValueError(f"num_accelerators must be a positive integer, got {num_accelerators!r}")
-        self.num_accelerators: Optional[int] = num_accelerators
-        self.accelerator_type = (
-            None if accelerator_type is None else _accelerators.parse_accelerator_type(accelerator_type)
-        )
+        n = self.num_accelerators
+        if n is not None:
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ValueError(f"num_accelerators must be a positive integer, got {n!r}")
         if self.accelerator_type is not None:
+            self.accelerator_type = _accelerators.parse_accelerator_type(self.accelerator_type)
             self.gpu_model = self.accelerator_type.gpu
+        timeout = self.timeout
         if timeout is not None:
             if (
                 isinstance(timeout, bool)
@@ -76,16 +82,14 @@ class _Options:
                 or timeout <= 0
             ):
                 raise ValueError(f"timeout must be a positive number of seconds, or None to disable it; got {timeout!r}")
-        self.timeout = timeout
         # None: on, unless AIRHOST_TRACKING=0 turns tracking off for the whole job.
-        self.tracking = os.environ.get("AIRHOST_TRACKING", "1") != "0" if tracking is None else bool(tracking)
-        self.wait_for_accelerators = wait_for_accelerators
-        self.grace = float(grace)
-        self.env = dict(env or {})
-        self.prefix = prefix
+        self.tracking = os.environ.get("AIRHOST_TRACKING", "1") != "0" if self.tracking is None else bool(self.tracking)
+        self.grace = float(self.grace)
+        self.env = dict(self.env or {})
+        max_restarts = self.max_restarts
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or not 0 <= max_restarts <= 1000:
             raise ValueError(f"max_restarts must be an integer from 0 to 1000, got {max_restarts!r}")
-        self.max_restarts = max_restarts
+        hang_timeout = self.hang_timeout
         if hang_timeout is not None and (
             isinstance(hang_timeout, bool)
             or not isinstance(hang_timeout, (int, float))
@@ -94,11 +98,9 @@ class _Options:
         ):
             raise ValueError(f"hang_timeout must be a number of seconds, at least 1, or None to turn the hang watch "
                              f"off; got {hang_timeout!r}")
-        self.hang_timeout = hang_timeout
-        if on_hang not in ("report", "stop"):
+        if self.on_hang not in ("report", "stop"):
             raise ValueError(f"on_hang must be 'report' (say where each rank is, and go on) or 'stop' (end the call "
-                             f"as its timeout does, TimeoutError); got {on_hang!r}")
-        self.on_hang = on_hang
+                             f"as its timeout does, TimeoutError); got {self.on_hang!r}")
 
     def resolve_ranks(self):
         """→ (number of ranks, [(gpu index, uuid)] candidates or [] for CPU ranks). Raises
@@ -676,26 +678,14 @@ def distributed(
         rank is (docs/hangs.md); None turns the hang watch off. Default 30 minutes.
     on_hang: "report" (the call goes on) or "stop" (it ends as its timeout does: TimeoutError).
     """
+    options = dict(locals())  # the keywords, each an _Options field
+    del options["fn"]
     if fn is not None and not callable(fn):
         if isinstance(fn, int) and num_accelerators is None:  # distributed(8): positional count
-            num_accelerators, fn = fn, None
+            options["num_accelerators"], fn = fn, None
         else:
             raise TypeError("use @distributed or @distributed(num_accelerators=..., ...)")
-    opts = _Options(
-        num_accelerators,
-        accelerator_type,
-        timeout,
-        gpus,
-        gpu_type,
-        tracking,
-        wait_for_accelerators,
-        grace,
-        env,
-        prefix,
-        max_restarts,
-        hang_timeout,
-        on_hang,
-    )
+    opts = _Options(**options)
     if fn is not None:
         return DistributedFunction(fn, opts)
     return lambda f: DistributedFunction(f, opts)
