@@ -1,6 +1,8 @@
 # The Python half of an airhost rank, compiled into airhost-rank as a string and run in
 # the rank's interpreter before user code. It never puts anything on sys.path, so a
-# rank's import system is exactly what `python train.py` would see.
+# rank's import system is exactly what `python train.py` would see. The text of
+# runtime/python/airhost/_by_value.py comes first in that string (bootstrap_py.hpp.in): its walk of
+# the functions that travel by value is the caller's too (by_value_functions, code_key).
 import os
 import sys
 import time
@@ -668,51 +670,16 @@ def _restore_filenames(roots, files, fallback):
     file it was defined in back, from the caller's map {(qualname, first line): filename}: so
     tracebacks, `airhost stacks` and hang reports name a helper's file (or notebook cell) and
     line, as plain Python does. `fallback`: the decorated function's file, for what the map
-    lacks (a payload of an older caller)."""
-    import functools
-    import types
-
-    seen, stack = set(), list(roots)
-    while stack and len(seen) < 10_000:
-        obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, (list, tuple, set, frozenset)):
-            stack.extend(obj)
-        elif isinstance(obj, dict):
-            stack.extend(obj.values())
-        elif isinstance(obj, type) and obj.__module__ == "__main__":
-            stack.extend(vars(obj).values())
-        elif isinstance(obj, (staticmethod, classmethod)):
-            stack.append(obj.__func__)
-        elif isinstance(obj, functools.partial):
-            stack.extend((obj.func, obj.args, obj.keywords))
-        elif isinstance(obj, types.MethodType):
-            stack.append(obj.__func__)
-        elif isinstance(obj, types.FunctionType):
-            code = obj.__code__
-            if code.co_filename != "<dynamic-code>":
-                continue
-            filename = files.get((getattr(code, "co_qualname", code.co_name), code.co_firstlineno),
-                                 fallback if obj is roots[0] else None)
-            if filename:
-                try:
-                    obj.__code__ = _with_filename(code, filename)
-                except Exception:
-                    pass
-            g = obj.__globals__
-            stack.extend(v for v in list(g.values()) if isinstance(v, (types.FunctionType, type)))
-            stack.extend(c.cell_contents for c in (obj.__closure__ or ()) if _has_contents(c))
-            stack.extend(obj.__defaults__ or ())
-
-
-def _has_contents(cell):
-    try:
-        cell.cell_contents
-        return True
-    except ValueError:
-        return False
+    lacks (a payload of an older caller). The walk is the caller's own: by_value_functions and
+    code_key come from runtime/python/airhost/_by_value.py, put ahead of this file in airhost-rank."""
+    for fn in by_value_functions(roots, lambda f: f.__code__.co_filename == "<dynamic-code>"):
+        code = fn.__code__
+        filename = files.get(code_key(code), fallback if fn is roots[0] else None)
+        if filename:
+            try:
+                fn.__code__ = _with_filename(code, filename)
+            except Exception:
+                pass
 
 
 def _load_pickled(path):

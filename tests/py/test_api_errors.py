@@ -120,3 +120,97 @@ def test_every_function_of_the_callers_main_names_its_file_and_line(tmp_path):
         line = next(i for i, text in enumerate(HELPERS.splitlines(), 1) if marker in text)
         assert f'File "{caller}", line {line}, in {function}\n' in out, out
         assert HELPERS.splitlines()[line - 1].strip() in out, out  # the source line, as python shows it
+
+
+KWDEFAULT_HELPER = '''
+from airhost import distributed
+
+def helper(x):
+    y = x + 1
+    raise ValueError(f"helper says {y}")  # HELPER-RAISES
+
+@distributed(num_accelerators=1, tracking=False)
+def run(*, step=helper):
+    return step(1)
+
+try:
+    run.distributed()
+except Exception as e:
+    print("ERR", e)
+'''
+
+
+def test_a_helper_reached_only_as_a_keyword_only_default_names_its_file_and_line(tmp_path):
+    # The rank's walk once skipped __kwdefaults__ (review D1): `helper` showed as <dynamic-code>.
+    import os
+    import subprocess
+
+    caller = tmp_path / "caller.py"
+    caller.write_text(KWDEFAULT_HELPER)
+    env = dict(os.environ, AIRHOST_RUNS_DIR=str(tmp_path / "runs"), AIRHOST_TRACKING="0")
+    r = subprocess.run([sys.executable, str(caller)], env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "<dynamic-code>" not in r.stdout + r.stderr, r.stdout
+    line = _helpers.line_of(str(caller), "HELPER-RAISES")
+    assert f'File "{caller}", line {line}, in helper\n' in r.stdout, r.stdout
+
+
+# The rank's Python half as airhost-rank embeds it (runtime/bootstrap_py.hpp.in, filled in by
+# CMake), run in a plain interpreter on a payload of the caller's: the walk of both ends,
+# without building airhost-rank.
+RANK_SIDE = r'''
+import sys, traceback, types
+root, payload = sys.argv[1], sys.argv[2]
+template = open(f"{root}/runtime/bootstrap_py.hpp.in").read()
+source = template.split('R"AIRHOST_PY(', 1)[1].rsplit(')AIRHOST_PY"', 1)[0]
+source = source.replace("@AIRHOST_BY_VALUE_PY@", open(f"{root}/runtime/python/airhost/_by_value.py").read())
+source = source.replace("@AIRHOST_BOOTSTRAP_PY@", open(f"{root}/runtime/bootstrap.py").read())
+sys.modules["_airhost_rank"] = types.ModuleType("_airhost_rank")
+bootstrap = types.ModuleType("_airhost_bootstrap")
+exec(compile(source, "<airhost bootstrap>", "exec"), bootstrap.__dict__)
+fn, args, kwargs = bootstrap._load_pickled(payload)
+try:
+    fn(*args, **kwargs)
+except ValueError:
+    traceback.print_exc(file=sys.stdout)
+'''
+
+CALLER_SIDE = '''
+import sys
+from airhost import _payload
+
+def helper(x):
+    y = x + 1
+    raise ValueError(f"helper says {y}")  # HELPER-RAISES
+
+def by_default(x, step=helper):
+    return step(x)  # BY-DEFAULT
+
+def run(*, step=by_default):
+    return step(1)
+
+with open(sys.argv[1], "wb") as f:
+    for part in _payload.build(run, (), {}):
+        f.write(part)
+'''
+
+
+def test_the_rank_gives_back_the_file_of_every_by_value_function_the_caller_walked(tmp_path):
+    # The caller notes where each function of its __main__ came from (_payload.py); the rank
+    # walks what it unpickled with the same walk (_by_value.py) to give each its file back:
+    # through a keyword-only default, then a default, here.
+    import subprocess
+
+    caller, payload = tmp_path / "caller.py", tmp_path / "payload.pkl"
+    caller.write_text(CALLER_SIDE)
+    made = subprocess.run([sys.executable, str(caller), str(payload)], capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", RANK_SIDE, str(root), str(payload)], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "ValueError: helper says 2" in r.stdout, r.stdout + r.stderr
+    assert "<dynamic-code>" not in r.stdout, r.stdout
+    for marker, function in (("BY-DEFAULT", "by_default"), ("HELPER-RAISES", "helper")):
+        line = _helpers.line_of(str(caller), marker)
+        assert f'File "{caller}", line {line}, in {function}\n' in r.stdout, r.stdout

@@ -6,6 +6,7 @@ Every intra-package import counts, at module level or inside a function: `from .
 lazy names of data/__init__.py). A cycle fails naming its modules in order; so does the import
 that made the circle issue #31 undid, _jobs importing _api."""
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,25 @@ def test_jobs_does_not_import_the_api():
     graph = import_graph()
     assert "airhost._errors" in graph["airhost._jobs"] and "airhost._payload" in graph["airhost._jobs"]
     assert "airhost._api" not in graph["airhost._jobs"], graph["airhost._jobs"]
+
+
+def test_the_walk_shared_with_the_rank_imports_nothing_of_the_package():
+    # Its text runs ahead of bootstrap.py in airhost-rank (runtime/bootstrap_py.hpp.in).
+    assert import_graph()["airhost._by_value"] == set()
+    tree = ast.parse((PACKAGE / "_by_value.py").read_text())
+    assert not any(isinstance(n, ast.ImportFrom) and n.module == "__future__" for n in ast.walk(tree))
+
+
+def test_cmake_reads_every_file_the_rank_source_is_made_of():
+    # configure_file leaves an unknown @VAR@ empty: a rank without the walk would name every
+    # function of the caller's __main__ "<dynamic-code>", with nothing to say why.
+    template = (ROOT / "runtime" / "bootstrap_py.hpp.in").read_text()
+    wanted = set(re.findall(r"@(AIRHOST_\w+)@", template))
+    assert wanted == {"AIRHOST_BY_VALUE_PY", "AIRHOST_BOOTSTRAP_PY"}, wanted
+    read = dict((var, path) for path, var in re.findall(r"file\(READ\s+(\S+)\s+(AIRHOST_\w+)\)",
+                                                        (ROOT / "CMakeLists.txt").read_text()))
+    assert read.get("AIRHOST_BY_VALUE_PY") == "runtime/python/airhost/_by_value.py", read
+    assert read.get("AIRHOST_BOOTSTRAP_PY") == "runtime/bootstrap.py", read
 
 
 @pytest.mark.parametrize("how", ["module-level", "in-function", "from-package"])

@@ -5,13 +5,13 @@ API (_api.py) writes it into the run directory, a Job (_jobs.py) hands it to `ai
 the rank reads it in runtime/bootstrap.py (_load_pickled)."""
 from __future__ import annotations
 
-import functools
 import io
 import os
 import pickle
 import sys
 import warnings
 
+from ._by_value import by_value_functions, code_key
 
 LARGE_PAYLOAD = 256 << 20
 
@@ -64,67 +64,23 @@ def _describe_unpicklable(fn, args, kwargs) -> str:
     return "the function or its arguments cannot be pickled"
 
 
-def _code_key(code):
-    return (getattr(code, "co_qualname", code.co_name), code.co_firstlineno)
-
-
 def _by_value_sources(*roots):
     """Where each function that travels by value came from: cloudpickle sends the functions of
     `__main__` (a script, a notebook cell) by value and names their file "<dynamic-code>". Returns
     ({(qualname, first line): filename}, {filename: source lines}) for the functions reachable
-    from `roots` (through globals they name, closures, defaults, classes' methods), the lines
+    from `roots` (_by_value.py: the rank walks the same graph to put the names back), the lines
     only for files that are not on disk (a notebook cell's), so that the rank can show them."""
-    import inspect
     import linecache
 
-    files, sources, seen = {}, {}, set()
-    stack = list(roots)
-    while stack and len(seen) < 10_000:
-        obj = stack.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, (list, tuple, set, frozenset)):
-            stack.extend(obj)
-        elif isinstance(obj, dict):
-            stack.extend(obj.values())
-        elif isinstance(obj, type) and obj.__module__ == "__main__":
-            stack.extend(v for v in vars(obj).values())
-        elif isinstance(obj, (staticmethod, classmethod)):
-            stack.append(obj.__func__)
-        elif isinstance(obj, functools.partial):
-            stack.extend((obj.func, obj.args, obj.keywords))
-        elif inspect.ismethod(obj):
-            stack.append(obj.__func__)
-        elif inspect.isfunction(obj) and getattr(obj, "__module__", None) == "__main__":
-            code = obj.__code__
-            files[_code_key(code)] = code.co_filename
-            if code.co_filename not in sources and not os.path.exists(code.co_filename):
-                lines = linecache.getlines(code.co_filename)
-                if lines:
-                    sources[code.co_filename] = lines
-            g = obj.__globals__
-            stack.extend(g[n] for n in _names_of(code) if n in g)
-            stack.extend(c.cell_contents for c in (obj.__closure__ or ()) if _cell_has_value(c))
-            stack.extend(obj.__defaults__ or ())
-            stack.extend((obj.__kwdefaults__ or {}).values())
+    files, sources = {}, {}
+    for fn in by_value_functions(roots, lambda f: getattr(f, "__module__", None) == "__main__"):
+        code = fn.__code__
+        files[code_key(code)] = code.co_filename
+        if code.co_filename not in sources and not os.path.exists(code.co_filename):
+            lines = linecache.getlines(code.co_filename)
+            if lines:
+                sources[code.co_filename] = lines
     return files, sources
-
-
-def _names_of(code):
-    names = set(code.co_names)
-    for c in code.co_consts:
-        if hasattr(c, "co_names"):
-            names |= _names_of(c)
-    return names
-
-
-def _cell_has_value(cell):
-    try:
-        cell.cell_contents
-        return True
-    except ValueError:
-        return False
 
 
 def build(fn, args, kwargs) -> list:
