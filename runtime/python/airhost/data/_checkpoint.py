@@ -160,16 +160,12 @@ def _staging_name(name: str) -> str:
 # ---- torch FileSystemBase implementations that stage, then publish ---------------------------
 
 
-class _StagedLocalFileSystem(FileSystem):
-    """torch's local FileSystem whose written files appear under their name only when complete.
-
-    torch's FileSystemWriter opens each shard with create_stream(path, "wb") and writes into it
-    directly; here the stream is a staging file next to `path`, renamed onto `path` when the
-    `with` block ends without an exception."""
-
-    def __init__(self, sync: bool = True) -> None:
-        super().__init__()
-        self.sync = sync
+class _StagedWrites:
+    """create_stream for a torch FileSystem whose written files appear under their name only
+    when complete. torch's FileSystemWriter opens each shard with create_stream(path, "wb") and
+    writes into it directly; here a write goes into a staging stream (_stage), which _publish
+    puts in place when the `with` block ends without an exception, and _discard drops
+    otherwise. Reads are the base FileSystem's."""
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[io.IOBase]:
@@ -177,28 +173,47 @@ class _StagedLocalFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        final = Path(path)
-        staged = final.with_name(_staging_name(final.name))
-        stream = open(staged, "wb")
+        stream, staged = self._stage(path)
         try:
             yield stream
             stream.close()  # torch may have closed it already; closing twice is harmless
-            if self.sync:
-                # torch fsyncs shards itself when sync_files is set, but not every caller of
-                # create_stream does; an fsync of an already-synced file costs nothing.
-                fd = os.open(staged, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-            os.replace(staged, final)
-            if self.sync:
-                _fsync_dir(final.parent)
+            self._publish(staged, path)
         except BaseException:
             stream.close()
-            with contextlib.suppress(OSError):
-                os.unlink(staged)
+            self._discard(staged)
             raise
+
+
+class _StagedLocalFileSystem(_StagedWrites, FileSystem):
+    """torch's local FileSystem, staging each written file next to its path (a hidden name)
+    and renaming it onto the path, fsynced, once complete."""
+
+    def __init__(self, sync: bool = True) -> None:
+        super().__init__()
+        self.sync = sync
+
+    def _stage(self, path: str | os.PathLike) -> tuple[io.IOBase, Path]:
+        final = Path(path)
+        staged = final.with_name(_staging_name(final.name))
+        return open(staged, "wb"), staged
+
+    def _publish(self, staged: Path, path: str | os.PathLike) -> None:
+        final = Path(path)
+        if self.sync:
+            # torch fsyncs shards itself when sync_files is set, but not every caller of
+            # create_stream does; an fsync of an already-synced file costs nothing.
+            fd = os.open(staged, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.replace(staged, final)
+        if self.sync:
+            _fsync_dir(final.parent)
+
+    def _discard(self, staged: Path) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(staged)
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
         os.replace(path, new_path)
@@ -206,7 +221,7 @@ class _StagedLocalFileSystem(FileSystem):
             _fsync_dir(Path(new_path).parent)
 
 
-class _StagedFsspecFileSystem(_FsspecFileSystem):
+class _StagedFsspecFileSystem(_StagedWrites, _FsspecFileSystem):
     """torch's fsspec FileSystem that writes each file locally first, then uploads it under a
     staging name and moves it into place, so a remote reader never sees a partial object
     under a real name (an interrupted upload leaves only a staging object). Module-level, so
@@ -216,33 +231,26 @@ class _StagedFsspecFileSystem(_FsspecFileSystem):
         super().__init__()
         self.staging_dir = staging_dir
 
-    @contextlib.contextmanager
-    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[io.IOBase]:
-        if not any(c in mode for c in _WRITE_MODES):
-            with super().create_stream(path, mode) as stream:
-                yield stream
-            return
-        path = os.fspath(path)
+    def _stage(self, path: str | os.PathLike) -> tuple[io.IOBase, str]:
         fd, local = tempfile.mkstemp(prefix="airhost-ckpt-", suffix=_STAGING_SUFFIX, dir=self.staging_dir)
-        stream = os.fdopen(fd, "wb")
+        return os.fdopen(fd, "wb"), local
+
+    def _publish(self, local: str, path: str | os.PathLike) -> None:
+        path = os.fspath(path)
         parent, _, name = path.rpartition("/")
         remote_staged = f"{parent}/{_staging_name(name)}"
-        uploaded = False
+        self.fs.put_file(local, remote_staged)
         try:
-            yield stream
-            stream.close()
-            self.fs.put_file(local, remote_staged)
-            uploaded = True
             self.fs.mv(remote_staged, path)
         except BaseException:
-            stream.close()
-            if uploaded:
-                with contextlib.suppress(Exception):
-                    self.fs.rm(remote_staged)
+            with contextlib.suppress(Exception):
+                self.fs.rm(remote_staged)
             raise
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(local)
+        self._discard(local)
+
+    def _discard(self, local: str) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(local)
 
 
 # ---- checking a checkpoint -------------------------------------------------------------------
