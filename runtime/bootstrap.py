@@ -219,7 +219,7 @@ def _watch_warnings():
 # `airhost stacks` and Ctrl-\ on the host: a thread of airhost's own in the rank (C, outside
 # Python) writes its Python stacks into <run_dir>/stacks/rank-N.dump when the host asks on the
 # control channel, without the GIL and without a signal (runtime/rank_module.cpp,
-# host/launch/stacks.hpp). The host makes stacks/; without it (a rank outside airhost) nothing
+# host/launch/watch/stacks.hpp). The host makes stacks/; without it (a rank outside airhost) nothing
 # is started.
 def _watch_stacks():
     run_dir, rank = os.environ.get("AIRHOST_RUN_DIR"), os.environ.get("RANK")

@@ -7,6 +7,16 @@
     host/cli/          the command line: may use every layer
     runtime/           the rank side and the Python extension: base, launch's codecs, gpu; never cli
 
+Inside host/launch/, each concern has a room, and includes run one way only (host/README.md):
+
+    rank/  procs/      include nothing else of launch/
+    run/               procs/
+    output/            run/ procs/
+    watch/             rank/ run/ procs/
+    link/              rank/ run/
+    supervisor.*       every room but link/
+    launcher.cpp       everything
+
 A file moved to the wrong room, or an include that reaches up a layer, fails here with the
 file, the line and the rule."""
 import re
@@ -60,6 +70,63 @@ def test_includes_follow_the_layers(folder):
                 wrong.append(f"{path.relative_to(ROOT)}:{line}: includes {name} ({folder} may include "
                              f"{', '.join(sorted(ALLOWED[folder]))})")
     assert not wrong, "\n".join(wrong)
+
+
+# host/launch's rooms -> the rooms of launch/ their files may include (besides their own)
+LAUNCH_ROOMS = {
+    "rank": set(),
+    "procs": set(),
+    "run": {"procs"},
+    "output": {"run", "procs"},
+    "watch": {"rank", "run", "procs"},
+    "link": {"rank", "run"},
+}
+# the files directly in host/launch: the two that put the rooms together
+LAUNCH_TOP = {
+    "supervisor.hpp": {"rank", "procs", "run", "output", "watch"},
+    "supervisor.cpp": {"rank", "procs", "run", "output", "watch", "supervisor.hpp"},
+    "launcher.cpp": {"rank", "procs", "run", "output", "watch", "link", "supervisor.hpp"},
+}
+
+
+def launch_room_of(name: str):
+    """"launch/rank/frames.hpp" -> "rank"; "launch/supervisor.hpp" -> "supervisor.hpp"."""
+    parts = name.split("/")
+    return parts[1] if len(parts) > 2 else parts[-1]
+
+
+def test_launch_rooms_include_one_way():
+    launch = ROOT / "host" / "launch"
+    rooms = sorted(p.name for p in launch.iterdir() if p.is_dir())
+    assert rooms == sorted(LAUNCH_ROOMS), f"host/launch/ has rooms {rooms}; the rules here know {sorted(LAUNCH_ROOMS)}"
+    top = sorted(p.name for p in launch.iterdir() if p.is_file())
+    assert top == sorted(LAUNCH_TOP), f"files directly in host/launch/: {top} (put each in a room)"
+    wrong = []
+    for path in sources("host/launch"):
+        rel = path.relative_to(launch)
+        here = rel.parts[0] if len(rel.parts) > 1 else rel.name
+        allowed = LAUNCH_ROOMS.get(here, set()) | {here} if here in LAUNCH_ROOMS else LAUNCH_TOP[here]
+        for line, kind, name in includes(path):
+            if kind != '"' or not name.startswith("launch/"):
+                continue
+            room = launch_room_of(name)
+            if room not in allowed:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: includes {name} (launch/{here} may include "
+                             f"{', '.join(sorted(allowed - {here})) or 'nothing else of launch/'})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_room_rule_catches_an_include_that_runs_back_up(tmp_path, monkeypatch):
+    """The check itself: the node link's wire format reaching up into the supervisor is reported."""
+    launch = tmp_path / "host" / "launch"
+    for room in LAUNCH_ROOMS:
+        (launch / room).mkdir(parents=True)
+    for name in LAUNCH_TOP:
+        (launch / name).write_text("")
+    (launch / "watch" / "bad.cpp").write_text('#include "launch/run/run_dir.hpp"\n#include "launch/link/link_wire.hpp"\n')
+    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
+    with pytest.raises(AssertionError, match=r"bad.cpp:2: includes launch/link/link_wire.hpp"):
+        test_launch_rooms_include_one_way()
 
 
 def test_host_files_name_their_room_in_includes():

@@ -98,7 +98,8 @@ bool is_lost_peer_error(const ErrorRecord& e) {
   return false;
 }
 
-void conclude_run(RunReport& rep, const TeardownCause& cause, const std::vector<bool>& signalled) {
+namespace {
+void conclude_outcome(RunReport& rep, const TeardownCause& cause, const std::vector<bool>& signalled) {
   // The root cause is the earliest failure: the time its exception was caught, or its exit
   // when it raised none (a segfault, os._exit). Cascading failures come later, with one
   // exception: a peer's death reaches the other ranks' sockets at once, while the host learns
@@ -167,6 +168,28 @@ void conclude_run(RunReport& rep, const TeardownCause& cause, const std::vector<
                     (cause.host_error.empty() ? "" : "; every rank was stopped");
     }
   }
+}
+}  // namespace
+
+void conclude_run(RunReport& rep, const TeardownCause& cause, const std::vector<bool>& signalled) {
+  conclude_outcome(rep, cause, signalled);
+  if (rep.warning_signal && !rep.ok()) {
+    // Stopping is what the scheduler's warning asked for: the run says so before how its ranks left.
+    const std::string run = "run " + rep.run_id;
+    std::string how = rep.message.rfind(run, 0) == 0 ? rep.message.substr(run.size()) : rep.message;
+    while (!how.empty() && (how.front() == ':' || how.front() == ' ')) how.erase(0, 1);
+    rep.message = run + " stopped after the scheduler's warning (" + signal_name(rep.warning_signal) + "): " + how;
+  }
+}
+
+RankReport live_record(const RankReport& was) {
+  RankReport k;
+  k.rank = was.rank, k.local_rank = was.local_rank, k.pid = was.pid, k.state = was.state;
+  k.exit_code = was.exit_code, k.term_signal = was.term_signal, k.error = was.error;
+  k.stdout_log = was.stdout_log, k.stderr_log = was.stderr_log;
+  k.started_at = was.started_at, k.ended_at = was.ended_at;
+  if (was.result || was.result_blob) k.result.emplace();  // has_result, not the bytes
+  return k;
 }
 
 namespace {

@@ -30,7 +30,12 @@ struct TeardownCause {
 // The root cause is the earliest failure, with one exception: a rank that lost a peer
 // (is_lost_peer_error) is the root cause only when nothing else failed. `signalled[i]`: the
 // supervisor sent local rank i a teardown signal.
+// A run stopped after the scheduler's warning (report.warning_signal) says so first.
 void conclude_run(RunReport& report, const TeardownCause& cause, const std::vector<bool>& signalled);
+
+// A rank as run.json shows it while the run lives: its state and times, whether it has a
+// result, not the result's bytes.
+RankReport live_record(const RankReport& rank);
 
 // run.json, the one record of a run whoever started it (the CLI, the Python API, a submit):
 // written when the run starts, with state "running" and the host's pid, and replaced
