@@ -139,17 +139,22 @@ constexpr long kFdsPerRank = 7;
 // the warm server's socket), with room for the caller's own (a notebook's kernel).
 constexpr long kFdsReserve = 64;
 
-// Raises this process's soft limit on open files when `nprocs` ranks need more than it allows
-// (within the hard limit, as torchrun's users do by hand); throws LaunchError, before anything
-// starts, when even the hard limit is too low. Counting what is already open covers a caller
-// that holds many descriptors itself.
-void ensure_descriptors_for(int nprocs) {
+// Node 0 of several holds one connection per other node (the node link's star), and one more
+// while a lost node comes back.
+constexpr long kFdsPerPeer = 1;
+
+// Raises this process's soft limit on open files when `nprocs` ranks (and, on node 0, the
+// connections of `peers` other nodes) need more than it allows (within the hard limit, as
+// torchrun's users do by hand); throws LaunchError, before anything starts, when even the hard
+// limit is too low. Counting what is already open covers a caller that holds many descriptors
+// itself.
+void ensure_descriptors_for(int nprocs, int peers) {
   long open_now = 0;
   std::error_code ec;
   for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec); !ec && it != std::filesystem::directory_iterator();
        it.increment(ec))
     ++open_now;
-  const long needed = open_now + kFdsReserve + kFdsPerRank * nprocs;
+  const long needed = open_now + kFdsReserve + kFdsPerRank * nprocs + kFdsPerPeer * (peers > 0 ? peers + 1 : 0);
   rlimit lim{};
   if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY ||
       static_cast<long>(lim.rlim_cur) >= needed)
@@ -158,10 +163,13 @@ void ensure_descriptors_for(int nprocs) {
     lim.rlim_cur = static_cast<rlim_t>(needed);
     if (::setrlimit(RLIMIT_NOFILE, &lim) == 0) return;
   }
-  throw LaunchError(std::to_string(nprocs) + " rank(s) need about " + std::to_string(needed) +
+  const std::string who = std::to_string(nprocs) + " rank(s)" +
+                          (peers > 0 ? " and the connections of " + std::to_string(peers) + " other node(s)" : "");
+  throw LaunchError(who + " need about " + std::to_string(needed) +
                     " open files, but this process may open " + std::to_string(lim.rlim_cur) + " (ulimit -n; hard limit " +
                     (lim.rlim_max == RLIM_INFINITY ? std::string("unlimited") : std::to_string(lim.rlim_max)) +
-                    "): raise it (ulimit -n " + std::to_string(std::max<long>(4096, needed)) + ") or start fewer ranks");
+                    "): raise it (ulimit -n " + std::to_string(std::max<long>(4096, needed)) + ") or start fewer " +
+                    (peers > 0 ? "nodes or ranks" : "ranks"));
 }
 
 void validate(const LaunchSpec& spec, const std::string& rank_binary) {
@@ -367,7 +375,7 @@ RunReport Launcher::run() {
   const std::string rank_binary = find_rank_binary(spec);
   if (spec.python.empty()) spec.python = default_python();
   validate(spec, rank_binary);
-  ensure_descriptors_for(spec.nprocs);
+  ensure_descriptors_for(spec.nprocs, spec.nnodes > 1 && spec.node_rank == 0 ? spec.nnodes - 1 : 0);
 
   if (spec.run_id.empty()) spec.run_id = detail::make_run_id();
   if (spec.run_dir.empty()) spec.run_dir = default_runs_root() + "/" + spec.run_id;

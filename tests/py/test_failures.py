@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import is_running, line_of, live_processes, script, wait_for, wait_until_gone
+from conftest import free_port, is_running, line_of, live_processes, script, wait_for, wait_until_gone
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -293,6 +293,24 @@ def test_ulimit_n_too_low_for_the_ranks_is_one_line_before_anything_starts(airho
     assert len(lines) == 1, r.stderr
     assert re.search(r"16 rank\(s\) need about \d+ open files, but this process may open 32 "
                      r"\(ulimit -n; hard limit 32\): raise it \(ulimit -n \d+\)", lines[0]), lines[0]
+    assert not list(runs.glob("*/logs/rank-*")), "no rank was started"
+
+
+def test_node_0_refuses_a_job_whose_nodes_it_cannot_hold_in_one_line(airhost, tmp_path):
+    # #34: node 0 holds a connection per other node. 200 nodes under `ulimit -n 128` would run
+    # out of descriptors half way through the join: refused before it listens, naming the nodes.
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    runs = tmp_path / "runs-nodes"
+    r = subprocess.run([airhost.binary, str(script), "-n", "1", "--nnodes", "200", "--node-rank", "0",
+                        "--master-addr", "127.0.0.1", "--master-port", str(free_port())], env=airhost.env(runs),
+                       capture_output=True, text=True, timeout=60, preexec_fn=_limited(128, 128))
+    assert r.returncode == 2, r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, r.stderr
+    assert re.search(r"1 rank\(s\) and the connections of 199 other node\(s\) need about \d+ open files, but this "
+                     r"process may open 128 \(ulimit -n; hard limit 128\): raise it \(ulimit -n \d+\) or start fewer "
+                     r"nodes or ranks", lines[0]), lines[0]
     assert not list(runs.glob("*/logs/rank-*")), "no rank was started"
 
 

@@ -345,12 +345,20 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
                  " may join as a node; give every node the same AIRHOST_JOIN_TOKEN (or --join-token-file) to admit "
                  "only this job's");
   const bool auth = !cfg.join_token.empty();
-  // A node admitted: checked against the others, or every node is refused.
+  // A node admitted: checked against node 0 and the nodes before it (its node rank), or every
+  // node is refused. One check per node, whatever the number that joined before it: the join
+  // stays linear in the number of nodes.
+  std::vector<int> node_rank_of;  // node rank -> index in `joined`, or -1; sized nnodes
+  node_rank_of.assign(static_cast<std::size_t>(std::max(cfg.nnodes, 1)), -1);
   auto admit = [&](NodeHello h, LinkConnection conn) {
     joined.push_back({h, std::move(conn)});
-    std::vector<NodeHello> peers;
-    for (auto& j : joined) peers.push_back(j.node);
-    if (auto problem = check_nodes(self, peers); !problem.empty()) {
+    std::string problem = check_nodes(self, {h});
+    if (problem.empty()) {
+      int& seen = node_rank_of.at(static_cast<std::size_t>(h.node_rank));  // checked in range above
+      if (seen >= 0) problem = check_nodes(self, {joined[static_cast<std::size_t>(seen)].node, h});
+      else seen = static_cast<int>(joined.size()) - 1;
+    }
+    if (!problem.empty()) {
       refuse_late_joiners(l4, l6, pending, problem, cfg.nnodes - 1 - static_cast<int>(joined.size()));
       refuse_all(joined, problem, false);
     }
@@ -374,23 +382,36 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
     std::vector<pollfd> fds = {{l4, POLLIN, 0}, {l6, POLLIN, 0}};
     for (auto& p : pending) fds.push_back({p.conn.fd(), POLLIN, 0});
     for (auto& p : joined) fds.push_back({p.conn.fd(), POLLIN, 0});
+    const std::size_t pending_polled = pending.size(), joined_polled = joined.size();
     ::poll(fds.data(), fds.size(), 100);
     accept_all(l4, pending);
     accept_all(l6, pending);
+    // Only what poll() named is read: a turn costs the connections that spoke, not all of them.
+    std::vector<bool> spoke(pending.size(), true);  // accepted just now: not polled yet
+    for (std::size_t i = 0; i < pending_polled; ++i) spoke[i] = fds[2 + i].revents != 0;
 
     // A node that joined and left again (killed, restarted) is waited for anew; looked at
     // first, so that its new hello is not taken for a second node of the same rank.
-    for (std::size_t i = 0; i < joined.size();) {
-      if (joined[i].conn.receive() == LinkIo::closed) {
-        say(cfg, describe_node(joined[i].node) + " left before every node joined; waiting for it again");
-        joined.erase(joined.begin() + static_cast<std::ptrdiff_t>(i));  // closes its connection
+    bool left = false;
+    for (std::size_t i = joined_polled; i-- > 0;) {
+      if (!fds[2 + pending_polled + i].revents || joined[i].conn.receive() != LinkIo::closed) continue;
+      say(cfg, describe_node(joined[i].node) + " left before every node joined; waiting for it again");
+      joined.erase(joined.begin() + static_cast<std::ptrdiff_t>(i));  // closes its connection
+      left = true;
+    }
+    if (left) {
+      node_rank_of.assign(node_rank_of.size(), -1);
+      for (std::size_t i = 0; i < joined.size(); ++i) node_rank_of.at(static_cast<std::size_t>(joined[i].node.node_rank)) = static_cast<int>(i);
+    }
+    // Connections that have not said hello yet, or whose proof is awaited: those that spoke,
+    // and those whose time to speak is up.
+    const auto now = Clock::now();
+    for (std::size_t i = 0, k = 0; i < pending.size(); ++k) {
+      Pending& p = pending[i];
+      if (!spoke[k] && now - p.since <= kHelloWait) {
+        ++i;
         continue;
       }
-      ++i;
-    }
-    // Connections that have not said hello yet, or whose proof is awaited.
-    for (std::size_t i = 0; i < pending.size();) {
-      Pending& p = pending[i];
       const Arrival got = advance(cfg, p, strangers);
       if (got == Arrival::waiting) {
         ++i;

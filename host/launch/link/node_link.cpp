@@ -37,6 +37,13 @@ constexpr std::size_t kMaxSharedFile = 16 * 1024;
 // The link's thread wakes at least every second (its poll's longest wait): a longer gap
 // between two of its turns means the whole process was stopped, not only the host's loop.
 constexpr auto kLinkThreadAway = std::chrono::seconds(3);
+// Node 0 of many nodes turns its loop at most once per kMinTurn for what the other nodes send:
+// their heartbeats come at as many moments of the second as there are nodes, and a turn costs
+// every peer (the poll set, the silence checks), so one turn per heartbeat would make node 0's
+// second cost N x N. What they send waits in its socket for 10 ms at most; what this host says
+// (its outbox, a stop) still wakes the loop at once. Small jobs keep a turn per event.
+constexpr auto kMinTurn = std::chrono::milliseconds(10);
+constexpr std::size_t kCoalesceFromPeers = 16;
 
 int to_int(const std::string& s, int fallback) {
   try {
@@ -453,6 +460,7 @@ struct NodeLink::Impl {
 
   void loop() {
     auto next_beat = Clock::now();
+    auto last_turn = Clock::time_point{};
     std::vector<pollfd> fds;
     const std::string beat = link_frame(LinkKind::heartbeat);
     for (;;) {
@@ -502,9 +510,15 @@ struct NodeLink::Impl {
       for (auto& p : peers)
         if (p.conn.is_open() && !is_gone(p)) wake_at = std::min(wake_at, p.last_rx + cfg.node_timeout + milliseconds(1));
       now = Clock::now();
+      if (peers.size() >= kCoalesceFromPeers && now - last_turn < kMinTurn) {
+        pollfd own{wake[0], POLLIN, 0};
+        (void)::poll(&own, 1, static_cast<int>(std::chrono::duration_cast<milliseconds>(kMinTurn - (now - last_turn)).count()) + 1);
+        now = Clock::now();
+      }
       const auto wait = std::chrono::duration_cast<milliseconds>(wake_at - now).count();
       if (::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(wait, 1, 1000))) < 0 && errno != EINTR)
         throw std::system_error(errno, std::generic_category(), "node link: poll");
+      last_turn = Clock::now();
       if (fds[0].revents) {
         char buf[64];
         while (::read(wake[0], buf, sizeof buf) > 0) {
