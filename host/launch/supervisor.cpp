@@ -477,16 +477,17 @@ struct Supervisor::Impl {
     cause.timeout_seconds = static_cast<long>(spec().timeout.count());
     if (reason == Outcome::interrupted) cause.interrupt_signal = sig;
     teardown_started_at = now_seconds();
-    if (plan.on_teardown) {
-      std::string why = reason == Outcome::timed_out && !cause.hang.empty() ? "hung: " + cause.hang
-                        : reason == Outcome::timed_out     ? "timed out (--timeout " + std::to_string(spec().timeout.count()) + " s)"
-                        : reason == Outcome::interrupted ? "was interrupted by " + signal_name(sig)
-                        : reason == Outcome::node_lost   ? "stopped its ranks (" + cause.node_lost_why + ")"
-                        : teardown_why.empty()           ? std::string("failed")
-                                                         : teardown_why;
+    const std::string why = reason == Outcome::timed_out && !cause.hang.empty() ? "hung: " + cause.hang
+                            : reason == Outcome::timed_out ? "timed out (--timeout " + std::to_string(spec().timeout.count()) + " s)"
+                            : reason == Outcome::interrupted ? "was interrupted by " + signal_name(sig)
+                            : reason == Outcome::node_lost   ? "stopped its ranks (" + cause.node_lost_why + ")"
+                            : teardown_why.empty()           ? std::string("failed")
+                                                             : teardown_why;
+    // The host log says when the end began, and why (the summary comes once the ranks are gone).
+    plan.out->log("stopping the ranks: " + (reason == Outcome::node_lost ? cause.node_lost_why : "the run " + why));
+    if (plan.on_teardown)
       plan.on_teardown(reason, why, reason == Outcome::node_lost || (reason == Outcome::failed && teardown_cascade),
                        reason == Outcome::timed_out && !cause.hang.empty());
-    }
     if (stop) stop_ranks(sig);
   }
 

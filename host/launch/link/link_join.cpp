@@ -297,7 +297,10 @@ int listen_on(int family, int port, std::string& error) {
     a.sin6_port = htons(static_cast<uint16_t>(port));
     rc = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
   }
-  if (rc < 0 || ::listen(fd, 64) < 0) {
+  // Every node of a job connects at about the same moment: a backlog shorter than the job drops
+  // the surplus SYNs, and each dropped node tries again only after TCP's 1 s retransmission.
+  // The kernel caps it at net.core.somaxconn (4096 by default since Linux 5.4).
+  if (rc < 0 || ::listen(fd, SOMAXCONN > 4096 ? SOMAXCONN : 4096) < 0) {
     error = std::strerror(errno);
     ::close(fd);
     return -1;
@@ -503,9 +506,13 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
     const auto until = std::min(Clock::now() + ms, deadline);
     while (Clock::now() < until) {
       if (cancelled && cancelled()) throw NodeJoinError("stopped while waiting for node 0 at " + where);
-      std::this_thread::sleep_for(milliseconds(50));
+      std::this_thread::sleep_for(std::min(milliseconds(50), ms));
     }
   };
+  // Node 0 not listening yet (started a moment later, as every node of a job is): tried again
+  // soon, then less and less often. No event says a remote port opened, so the first tries come
+  // quickly: a job whose nodes start together joins in tens of milliseconds, not half a second.
+  milliseconds retry{20};
   while (Clock::now() < deadline) {
     if (cancelled && cancelled()) throw NodeJoinError("stopped while waiting for node 0 at " + where);
     std::string address;
@@ -513,7 +520,8 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
     if (fd < 0) {
       if (!said_waiting) say(cfg, "waiting for node 0 at " + where + " (" + last_problem + ")");
       said_waiting = true;
-      pause(milliseconds(500));
+      pause(retry);
+      retry = std::min(retry * 3 / 2, milliseconds(500));
       continue;
     }
     LinkConnection conn;
