@@ -129,7 +129,7 @@ struct Supervisor::Impl {
   bool async_ready = false;
 
   double start_time = 0;
-  std::string read_buffer = std::string(256 * 1024, '\0');
+  std::string read_buffer = std::string(256 * 1024, '\0');  // every read of the loop: output and control channels
 
   Impl(Plan p, std::unique_ptr<RankStarter> s) : plan(std::move(p)), starter(std::move(s)) {}
 
@@ -659,6 +659,7 @@ struct Supervisor::Impl {
     o.output = &spec().output;
     o.callbacks = plan.callbacks;
     o.out = plan.out;
+    o.buffer = &read_buffer;
     RankOutput::Host h;
     h.guarded = [this](const char* where, const std::function<void()>& body) { guarded(where, body); };
     h.callback_failed = [this](const char* name, const std::string& what) { host_failure(name, what); };

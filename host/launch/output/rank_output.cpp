@@ -202,10 +202,10 @@ void RankOutput::read_now(Channel& c) {
   uv_os_fd_t fd;
   if (uv_fileno(as_handle(&c.pipe), &fd) < 0) return;
   for (int reads = 0; reads < 16; ++reads) {
-    const ssize_t n = ::read(fd, read_buffer_.data(), read_buffer_.size());
+    const ssize_t n = ::read(fd, o_.buffer->data(), o_.buffer->size());
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return;
-    const uv_buf_t buf = uv_buf_init(read_buffer_.data(), static_cast<unsigned>(n));
+    const uv_buf_t buf = uv_buf_init(o_.buffer->data(), static_cast<unsigned>(n));
     on_read(c, n, &buf);
     if (reading_held_) return;
   }
@@ -234,7 +234,7 @@ int RankOutput::start_reading(Channel& c) {
       reinterpret_cast<uv_stream_t*>(&c.pipe),
       [](uv_handle_t* h, size_t, uv_buf_t* buf) {
         auto* self = static_cast<Channel*>(h->data)->pipes->owner;
-        *buf = uv_buf_init(self->read_buffer_.data(), static_cast<unsigned>(self->read_buffer_.size()));
+        *buf = uv_buf_init(self->o_.buffer->data(), static_cast<unsigned>(self->o_.buffer->size()));
       },
       [](uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
         auto* ch = static_cast<Channel*>(s->data);

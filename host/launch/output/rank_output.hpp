@@ -48,6 +48,8 @@ class RankOutput {
     const OutputOptions* output = nullptr;
     const Callbacks* callbacks = nullptr;
     HostOutput* out = nullptr;
+    // The reads' scratch space, shared with the control channels' and outliving this.
+    std::string* buffer = nullptr;
   };
 
   RankOutput(Options options, Host host);
@@ -118,7 +120,6 @@ class RankOutput {
   bool finished_ = false;
   bool on_output_broken_ = false, on_console_broken_ = false;
   std::vector<std::string> incomplete_logs_, trimmed_logs_;
-  std::string read_buffer_ = std::string(256 * 1024, '\0');
 };
 
 }  // namespace airhost::detail
