@@ -55,4 +55,7 @@ class HelperSpawnAttr {
   posix_spawnattr_t attr_;
 };
 
+// Ranks (or node ranks) as compact ranges: {0, 2, 3, 4, 7} → "0,2-4,7".
+std::string rank_ranges(std::vector<int> ranks);
+
 }  // namespace airhost::detail

@@ -461,3 +461,94 @@ TEST_CASE("node 0 sends its shared file to every node once it exists, where it i
   CHECK(at_zero.get().empty());
   CHECK(at_one.get().empty());
 }
+
+namespace {
+
+// Node 0 and `n` - 1 other nodes joined over 127.0.0.1, each in a thread of its own; the
+// others' configs through `tune`.
+std::vector<std::unique_ptr<NodeLink>> joined_nodes(int n, int port, const std::function<void(NodeLinkConfig&)>& tune = {}) {
+  std::vector<std::future<std::unique_ptr<NodeLink>>> joins;
+  for (int r = 0; r < n; ++r)
+    joins.push_back(std::async(std::launch::async, [=] {
+      NodeLinkConfig c = config(r, n, 1, port);
+      c.node_timeout = 10s;
+      c.join_timeout = 20s;
+      if (r > 0 && tune) tune(c);
+      return NodeLink::join(c, {});
+    }));
+  std::vector<std::unique_ptr<NodeLink>> links;
+  for (auto& j : joins) links.push_back(j.get());
+  return links;
+}
+
+}  // namespace
+
+TEST_CASE("forty nodes join node 0 at once, and each learns at once that one failed") {
+  // Issue 34: past two nodes. Every node connects at the same moment (the listen backlog holds
+  // them all), node 0 checks each arrival once, and a report reaches every node.
+  const int port = free_port();
+  constexpr int n = 40;
+  std::vector<Downs> downs(n);
+  auto links = joined_nodes(n, port);
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(links[r]);
+    CHECK(links[r]->nodes().size() == static_cast<std::size_t>(n));
+  }
+  for (int r = 1; r < n; ++r) CHECK(links[0]->nodes()[r].node_rank == r);
+  for (int r = 0; r < n; ++r) links[r]->start(downs[r].callback());
+  links[n - 1]->tell_down("failed: rank 39 exited with code 1", false);
+  for (int r = 0; r < n - 1; ++r) {
+    REQUIRE(eventually([&] { return !downs[r].get().empty(); }));
+    CHECK(downs[r].get()[0].node == n - 1);
+    CHECK(downs[r].get()[0].message.find("failed: rank 39 exited with code 1") != std::string::npos);
+  }
+}
+
+TEST_CASE("among many nodes, a second node of a rank already joined is refused naming both") {
+  // Node 0 checks an arrival against the node of its rank found by index, not against every
+  // node joined (issue 34: that pair loop made the join cubic in the nodes).
+  const int port = free_port();
+  constexpr int n = 24;
+  std::vector<std::future<std::string>> joins;
+  for (int r = 0; r < n; ++r)
+    joins.push_back(std::async(std::launch::async, [=]() -> std::string {
+      // Node 23 never comes: a second node 17 (on host "twin") takes its place.
+      NodeLinkConfig c = config(r == n - 1 ? 17 : r, n, 1, port);
+      c.join_timeout = 20s;
+      if (r == n - 1) std::this_thread::sleep_for(300ms);  // after the first node 17
+      try {
+        NodeLink::join(c, {});
+        return "joined";
+      } catch (const LaunchError& e) {
+        return e.what();
+      }
+    }));
+  std::vector<std::string> got;
+  for (auto& j : joins) got.push_back(j.get());
+  for (const auto& g : got) {
+    CAPTURE(g);
+    CHECK(g.find("two nodes were given --node-rank 17: ") == 0);
+    CHECK(g.find("; give each node its own --node-rank") != std::string::npos);
+  }
+}
+
+TEST_CASE("node 0 of many nodes turns its loop at most every 10 ms, however often they speak") {
+  // Issue 34: one turn per heartbeat heard, over every peer, made node 0's second N x N.
+  // Here 20 nodes beat every 5 ms (4,000 beats a second reach node 0); node 0's own beat is
+  // every second, so its turns are what it hears.
+  const int port = free_port();
+  auto links = joined_nodes(21, port, [](NodeLinkConfig& c) { c.heartbeat = 5ms; });
+  Downs downs;
+  links[0]->start(downs.callback());
+  for (std::size_t r = 1; r < links.size(); ++r) links[r]->start([](const NodeDown&) {});
+  std::this_thread::sleep_for(300ms);  // every thread beating
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::uint64_t before = links[0]->turns();
+  std::this_thread::sleep_for(1s);
+  const std::uint64_t turns = links[0]->turns() - before;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CAPTURE(turns);
+  CHECK(turns > 10);                      // it does hear them
+  CHECK(turns <= 1.2 * seconds * 100 + 5);  // at most one turn per 10 ms
+  CHECK(downs.get().empty());
+}

@@ -100,6 +100,15 @@ std::string join_list(const std::vector<std::string>& items) {
   return out;
 }
 
+// The nodes that joined, for node 0's line: each named (host, address) in a small job; in a job
+// of many, the first few and how many more, so that one line stays one line at 4,096 nodes.
+std::string joined_list(const std::vector<std::string>& names) {
+  constexpr std::size_t kNamed = 8;
+  if (names.size() <= kNamed) return join_list(names);
+  std::vector<std::string> first(names.begin(), names.begin() + kNamed);
+  return join_list(first) + " and " + std::to_string(names.size() - kNamed) + " more";
+}
+
 void say_goodbye(std::vector<LinkConnection*> conns, const std::string& frame);
 
 // A connection accepted by node 0 that has not joined yet: no hello yet, or (with a join
@@ -372,11 +381,11 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
     if (Clock::now() >= deadline) {
       std::set<int> here;
       for (auto& p : joined) here.insert(p.node.node_rank);
-      std::vector<std::string> missing;
+      std::vector<int> missing;
       for (int r = 1; r < cfg.nnodes; ++r)
-        if (!here.count(r)) missing.push_back(std::to_string(r));
+        if (!here.count(r)) missing.push_back(r);
       refuse_all(joined,
-                 "node" + std::string(missing.size() > 1 ? "s " : " ") + join_list(missing) + " did not join node 0 (" +
+                 "node" + std::string(missing.size() > 1 ? "s " : " ") + rank_ranges(missing) + " did not join node 0 (" +
                      self.host + ", port " + std::to_string(cfg.master_port) + ") within " +
                      duration_text(cfg.join_timeout) + " (join_timeout); start airhost with the same --nnodes, " +
                      "--master-addr and --master-port on every node, and check that they can reach this one",
@@ -449,7 +458,7 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
     (void)p.conn.send(welcome);
   }
   group.peers = std::move(joined);
-  say(cfg, "all " + std::to_string(cfg.nnodes) + " nodes joined (" + join_list(names) + "); starting the ranks");
+  say(cfg, "all " + std::to_string(cfg.nnodes) + " nodes joined (" + joined_list(names) + "); starting the ranks");
   return group;  // the listeners close here: rank 0's store takes the port next
 }
 

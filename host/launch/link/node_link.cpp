@@ -94,6 +94,7 @@ struct NodeLink::Impl {
   // restart, another node when it hears so. Frames carry it, so that a late report of an
   // earlier attempt is told apart.
   std::atomic<int> attempt{0};
+  std::atomic<std::uint64_t> turns{0};  // the loop's wake-ups (NodeLink::turns)
 
   mutable std::mutex m;  // guards what follows; `peers` belongs to the loop's thread alone
   std::condition_variable cv;
@@ -519,6 +520,7 @@ struct NodeLink::Impl {
       if (::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<long long>(wait, 1, 1000))) < 0 && errno != EINTR)
         throw std::system_error(errno, std::generic_category(), "node link: poll");
       last_turn = Clock::now();
+      turns.fetch_add(1, std::memory_order_relaxed);
       if (fds[0].revents) {
         char buf[64];
         while (::read(wake[0], buf, sizeof buf) > 0) {
@@ -580,6 +582,7 @@ NodeLink::~NodeLink() = default;
 const std::vector<NodeHello>& NodeLink::nodes() const { return impl_->nodes; }
 
 int NodeLink::attempt() const { return impl_->attempt; }
+std::uint64_t NodeLink::turns() const { return impl_->turns.load(std::memory_order_relaxed); }
 
 bool NodeLink::after_attempt(bool want_restart, milliseconds limit, const std::function<bool()>& cancelled) {
   Impl& s = *impl_;

@@ -44,6 +44,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -108,6 +109,9 @@ class NodeLink {
   bool after_attempt(bool want_restart, std::chrono::milliseconds limit, const std::function<bool()>& cancelled = {});
   // The attempt under way, the same on every node (TORCHELASTIC_RESTART_COUNT).
   int attempt() const;
+  // How many times the link's thread has woken so far: what the link costs at rest, which for
+  // node 0 of many nodes must not grow with the heartbeats it hears (one turn per 10 ms at most).
+  std::uint64_t turns() const;
 
   // Stacks across nodes (stacks_service.hpp). Set before start(); called on the link's thread.
   // Another node hears node 0 ask: on_ask(seq, only), `only` the ranks asked, comma-separated

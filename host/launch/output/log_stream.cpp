@@ -183,11 +183,11 @@ void Console::end_open_lines() {
 RankStream::RankStream(std::string log_path, std::size_t max_line, std::uint64_t quiet_ms, OnLine on_line, OnShow on_show,
                        std::uint64_t log_max_bytes)
     : log_path_(std::move(log_path)),
+      max_bytes_(log_max_bytes),
       lines_(max_line),
       live_(max_line, quiet_ms),
       on_line_(std::move(on_line)),
-      on_show_(std::move(on_show)),
-      max_bytes_(log_max_bytes) {
+      on_show_(std::move(on_show)) {
   log_fd_ = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (log_fd_ < 0) throw std::system_error(errno, std::generic_category(), "cannot open log " + log_path_);
   struct stat st{};

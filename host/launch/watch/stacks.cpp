@@ -263,21 +263,6 @@ const ThreadStack* main_thread(const RankStacks& r) {
   return r.threads.empty() ? nullptr : &r.threads.back();
 }
 
-std::string rank_ranges(std::vector<int> ranks) {
-  std::sort(ranks.begin(), ranks.end());
-  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-  std::string s;
-  for (std::size_t i = 0; i < ranks.size();) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    if (!s.empty()) s += ",";
-    s += std::to_string(ranks[i]);
-    if (j > i) s += "-" + std::to_string(ranks[j]);
-    i = j + 1;
-  }
-  return s;
-}
-
 std::string group_ranks_fields(const std::vector<int>& ranks) {
   std::string list;
   for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);

@@ -28,6 +28,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/util.hpp"  // rank_ranges
+
 namespace airhost::detail {
 
 inline constexpr const char* kStacksHeader = "airhost-stacks ";
@@ -85,8 +87,6 @@ std::string frame_text(const StackFrame& f);
 std::string where_text(const ThreadStack& t);
 const ThreadStack* main_thread(const RankStacks& r);
 
-// Ranks as compact ranges: {0, 2, 3, 4, 7} → "0,2-4,7".
-std::string rank_ranges(std::vector<int> ranks);
 // A group's ranks as JSON fields: `"ranks": [0, 1, 2], "ranges": "0-2"` (the JSON answers').
 std::string group_ranks_fields(const std::vector<int>& ranks);
 
