@@ -245,22 +245,13 @@ std::optional<ClusterTopology> detect_pet(const EnvMap& env) {
   t.source = k8s ? "kubernetes" : "torchrun-style env";
   if (pet_nnodes) {
     t.evidence = kv("PET_NNODES", *pet_nnodes) + (k8s ? " and KUBERNETES_SERVICE_HOST" : "");
-    std::string text = *pet_nnodes;
-    if (const auto colon = text.find(':'); colon != std::string::npos) {
-      // Elastic "min:max": airhost's node count is fixed, so only min == max can be used.
-      const auto lo = to_integer(std::string_view(text).substr(0, colon));
-      const auto hi = to_integer(std::string_view(text).substr(colon + 1));
-      if (!lo || !hi || *lo < 1 || *hi < *lo)
-        throw ConfigError("PET_NNODES=" + single_quoted(text) + " in the environment is not N or MIN:MAX");
-      if (*lo != *hi)
-        throw ConfigError("PET_NNODES=" + text + " asks for an elastic node count, but airhost runs a fixed number of "
-                          "nodes; give the job minReplicas = maxReplicas (or no elasticPolicy), or --nnodes");
-      text = std::to_string(*lo);
-    }
-    const auto n = to_integer(text);
-    if (!n || *n < 1 || *n > INT_MAX)
-      throw ConfigError("PET_NNODES=" + single_quoted(*pet_nnodes) + " in the environment is not a positive integer");
-    t.nnodes = static_cast<int>(*n);
+    // "N", or an elastic policy's "MIN:MAX" (minReplicas:maxReplicas).
+    const auto range = parse_node_count(*pet_nnodes);
+    if (!range)
+      throw ConfigError("PET_NNODES=" + single_quoted(*pet_nnodes) + " in the environment is not N or MIN:MAX "
+                        "(1 <= MIN <= MAX)");
+    t.nnodes = range->second;
+    if (range->first != range->second) t.nnodes_min = range->first;
     t.why["nnodes"] = kv("PET_NNODES", *pet_nnodes);
     if (const auto r = int_var(env, "PET_NODE_RANK", 0)) {
       t.node_rank = *r;
@@ -407,6 +398,7 @@ ClusterResolution resolve_cluster(const Settings& flags, const Settings& merged,
   const auto set = [](const auto& v) { return v.has_value(); };
   const auto set_nonzero = [](const std::optional<int>& v) { return v.has_value() && *v != 0; };
   layer("nnodes", &Settings::nnodes, set, topology.nnodes);
+  if (r.origin["nnodes"] != "flag" && r.origin["nnodes"] != config && topology.nnodes) r.settings.nnodes_min = topology.nnodes_min;
   layer("node_rank", &Settings::node_rank, set, topology.node_rank);
   layer("master_addr", &Settings::master_addr, set, topology.master_addr);
   layer("master_port", &Settings::master_port, set_nonzero, topology.master_port);

@@ -35,8 +35,8 @@
 // v2 (pkg/runtime/framework/plugins/torch/torch.go) sets only PET_NNODES,
 // PET_NPROC_PER_NODE, PET_NODE_RANK (the Job completion index), PET_MASTER_ADDR and
 // PET_MASTER_PORT (29500). PET_* are torchrun's own environment form of its flags.
-//   nnodes        PET_NNODES ("n" or "n:n"; a real range "1:4" is refused: airhost's node
-//                 count is fixed); legacy: WORLD_SIZE
+//   nnodes        PET_NNODES ("n", or "min:max": an elastic job, as --nnodes MIN:MAX);
+//                 legacy: WORLD_SIZE
 //   node_rank     PET_NODE_RANK; legacy: RANK
 //   master_addr   PET_MASTER_ADDR, else MASTER_ADDR
 //   master_port   PET_MASTER_PORT, else MASTER_PORT
@@ -82,6 +82,7 @@ struct ClusterTopology {
   std::string source;                   // "slurm", "kubernetes", "torchrun-style env"; "" = none
   std::string evidence;                 // what identified it: "SLURM_JOB_ID=42"
   std::optional<int> nnodes;
+  std::optional<int> nnodes_min;  // PET_NNODES=MIN:MAX: an elastic job
   std::optional<int> node_rank;
   std::optional<std::string> master_addr;
   std::optional<int> master_port;

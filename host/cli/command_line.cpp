@@ -16,7 +16,7 @@ namespace {
 
 enum class FlagId {
   accelerators, timeout, grace, python, run_dir, master_addr, master_port, max_restarts,
-  nnodes, node_rank, node_timeout, join_timeout, join_token_file,
+  nnodes, node_rank, node_timeout, join_timeout, join_settle, join_token_file,
   prefix, no_prefix, ranks, env, config, preflight, tracking, no_tracking, json, module, help, version,
   preload, cold, print_env, pickled, experiment, log_max_size, hang_timeout, on_hang,
 };
@@ -44,6 +44,7 @@ const std::vector<FlagSpec>& flag_specs() {
       {FlagId::node_rank, {"--node-rank", "--node_rank"}, true, "0"},
       {FlagId::node_timeout, {"--node-timeout"}, true, "30s"},
       {FlagId::join_timeout, {"--join-timeout"}, true, "10m"},
+      {FlagId::join_settle, {"--join-settle"}, true, "3s"},
       {FlagId::join_token_file, {"--join-token-file"}, true, "/run/secrets/airhost-join-token"},
       {FlagId::prefix, {"--prefix"}, false, ""},
       {FlagId::no_prefix, {"--no-prefix"}, false, ""},
@@ -287,11 +288,19 @@ class Parser {
         break;
       }
       case FlagId::nnodes: {
-        const auto n = parse_integer(value);
-        if (!n || *n < 1 || *n > INT_MAX)
-          throw ConfigError(name + " must be a positive integer (the number of nodes), got " + single_quoted(value) +
-                            "; e.g. " + name + " " + spec.example);
-        s.nnodes = static_cast<int>(*n);
+        const auto range = parse_node_count(value);
+        if (!range)
+          throw ConfigError(name + " must be a positive integer (the number of nodes), or MIN:MAX for an elastic job "
+                            "(1 <= MIN <= MAX), got " + single_quoted(value) + "; e.g. " + name + " " + spec.example +
+                            " or " + name + " 2:4");
+        s.nnodes = range->second;
+        s.nnodes_min = range->first != range->second ? std::optional<int>(range->first) : std::nullopt;
+        break;
+      }
+      case FlagId::join_settle: {
+        const auto d = parse_duration(value, name);
+        if (d.count() < 0) throw ConfigError(name + " must not be negative; e.g. " + name + " " + spec.example);
+        s.join_settle = d;
         break;
       }
       case FlagId::node_rank: {
@@ -580,11 +589,14 @@ Flags:
                         (default: 0 = a free port reserved for the run, or the port
                         Slurm or Kubernetes give for a multi-node job)
   --max-restarts N      after a rank fails, stop every rank and start the group again,
-                        up to N times; ranks see TORCHELASTIC_RESTART_COUNT (default: 0;
-                        not with several nodes)
+                        up to N times, on every node together; ranks see
+                        TORCHELASTIC_RESTART_COUNT (default: 0)
   --nnodes N            nodes in the job, each running this command with the same flags
                         but its own --node-rank; RANK = node rank x ranks per node + local
                         rank, WORLD_SIZE = N x ranks per node (default: 1)
+  --nnodes MIN:MAX      an elastic job: it starts once MIN nodes joined and no other came
+                        for --join-settle (at once when MAX joined); node 0 numbers the
+                        nodes without gaps, and the others may leave out --node-rank
   --node-rank R         this node's rank, 0..N-1 (also --node_rank); node 0 is the one at
                         --master-addr (default: 0)
                         With N > 1, --master-port is required: node 0's airhost listens
@@ -595,6 +607,8 @@ Flags:
                         killed is lost at once (default: 30s)
   --join-timeout D      several nodes: how long every node may take to join, and a lost node
                         to come back (default: 10m)
+  --join-settle D       elastic: once MIN nodes joined, how long no newcomer must come before
+                        the job starts (default: 3s)
   --prefix              put "[rank N] " before each output line (the default)
   --no-prefix           forward output lines as they are
   --ranks LIST          show only these ranks' output, e.g. 0,2,3; 'all' shows every

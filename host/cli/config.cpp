@@ -38,7 +38,9 @@ void Settings::merge(const Settings& over) {
   take(run_dir, over.run_dir);
   take(master_addr, over.master_addr);
   take(master_port, over.master_port);
+  if (over.nnodes) nnodes_min = over.nnodes_min;  // "4" over "2:4" is a fixed count again
   take(nnodes, over.nnodes);
+  take(join_settle, over.join_settle);
   take(node_rank, over.node_rank);
   take(max_restarts, over.max_restarts);
   take(node_timeout, over.node_timeout);
@@ -168,6 +170,18 @@ std::string single_quoted(std::string_view text) { return "'" + std::string(text
 
 }  // namespace
 
+std::optional<std::pair<int, int>> parse_node_count(std::string_view text) {
+  auto number = [](std::string_view t) -> std::optional<int> {
+    if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string_view::npos) return std::nullopt;
+    return std::stoi(std::string(t));
+  };
+  const auto colon = text.find(':');
+  const auto lo = number(text.substr(0, colon));
+  const auto hi = colon == std::string_view::npos ? lo : number(text.substr(colon + 1));
+  if (!lo || !hi || *lo < 1 || *hi < *lo) return std::nullopt;
+  return std::pair{*lo, *hi};
+}
+
 std::chrono::milliseconds parse_duration(std::string_view text, const std::string& what) {
   std::string problem;
   if (auto d = try_parse_duration(text, problem)) return *d;
@@ -257,7 +271,8 @@ constexpr KeyDoc kTopKeys[] = {
     {"master_addr", "a non-empty string (a host name or IP address)", "master_addr = \"127.0.0.1\""},
     {"master_port", "an integer from 0 to 65535 (0 = a free port)", "master_port = 29500"},
     {"max_restarts", "an integer from 0 to 1000", "max_restarts = 3"},
-    {"nnodes", "a positive integer (the number of nodes)", "nnodes = 2"},
+    {"nnodes", "a positive integer (the number of nodes), or \"MIN:MAX\" for an elastic job", "nnodes = 2"},
+    {"join_settle", "a duration: once MIN nodes of an elastic job joined, how long no newcomer must come", "join_settle = \"3s\""},
     {"node_rank", "a non-negative integer (this node's rank, below nnodes)", "node_rank = 0"},
     {"node_timeout", "a whole number of seconds, at least 1, or a duration string", "node_timeout = \"30s\""},
     {"join_timeout", "a whole number of seconds, at least 1, or a duration string", "join_timeout = \"10m\""},
@@ -435,7 +450,16 @@ class ConfigReader {
     } else if (name == "max_restarts") {
       s.max_restarts = static_cast<int>(integer(node, name, doc, 0, 1000));
     } else if (name == "nnodes") {
-      s.nnodes = static_cast<int>(integer(node, name, doc, 1, INT_MAX));
+      if (node.as_string()) {
+        const auto range = parse_node_count(node.as_string()->get());
+        if (!range) bad(node, name, doc, single_quoted(node.as_string()->get()));
+        s.nnodes = range->second;
+        if (range->first != range->second) s.nnodes_min = range->first;
+      } else {
+        s.nnodes = static_cast<int>(integer(node, name, doc, 1, INT_MAX));
+      }
+    } else if (name == "join_settle") {
+      s.join_settle = duration(node, name, doc);
     } else if (name == "node_rank") {
       s.node_rank = static_cast<int>(integer(node, name, doc, 0, INT_MAX));
     } else if (name == "node_timeout" || name == "join_timeout") {

@@ -50,7 +50,9 @@ struct Settings {
   std::optional<std::string> master_addr;
   std::optional<int> master_port;
   std::optional<int> max_restarts;               // restarts of the whole group after a rank fails
-  std::optional<int> nnodes;                     // nodes in the job (torchrun's --nnodes)
+  std::optional<int> nnodes;                     // nodes in the job (torchrun's --nnodes); MAX of MIN:MAX
+  std::optional<int> nnodes_min;                 // MIN of --nnodes MIN:MAX; unset: exactly nnodes (set with nnodes)
+  std::optional<std::chrono::milliseconds> join_settle;  // elastic: the quiet time after MIN joined
   std::optional<int> node_rank;                  // this node's rank among them (GROUP_RANK)
   std::optional<std::chrono::seconds> node_timeout;  // another node silent this long is lost
   std::optional<std::chrono::seconds> join_timeout;  // how long the nodes may take to join
@@ -82,6 +84,10 @@ std::chrono::milliseconds parse_duration(std::string_view text, const std::strin
 // parse_duration for a setting kept in whole seconds (the timeout): "1500ms" is an error
 // rather than a silent rounding, since rounding "500ms" down would disable the timeout.
 std::chrono::seconds parse_duration_seconds(std::string_view text, const std::string& what);
+
+// A node count, "N" or elastic "MIN:MAX" (torchrun's --nnodes): {MIN, MAX}, MIN == MAX for "N";
+// nullopt when the text is neither, or MIN < 1 or MAX < MIN.
+std::optional<std::pair<int, int>> parse_node_count(std::string_view text);
 
 // The candidate closest to `word` by edit distance, if close enough to be a likely typo;
 // for "did you mean" hints in config and command-line errors.

@@ -124,7 +124,11 @@ LaunchSpec make_spec(const HostOptions& opts, ClusterResolution& cluster) {
   if (s.master_addr) spec.master_addr = *s.master_addr;
   if (s.master_port) spec.master_port = *s.master_port;
   if (s.nnodes) spec.nnodes = *s.nnodes;
+  if (s.nnodes_min) spec.nnodes_min = *s.nnodes_min;
+  if (s.join_settle) spec.join_settle = *s.join_settle;
   if (s.node_rank) spec.node_rank = *s.node_rank;
+  // An elastic job's nodes but node 0 may leave their rank to node 0.
+  else if (spec.nnodes_min > 0) spec.node_rank = -1;
   if (s.max_restarts) spec.max_restarts = *s.max_restarts;
   // A requeued Slurm job counts on: its ranks see TORCHELASTIC_RESTART_COUNT go up.
   if (const auto count = getenv_or("SLURM_RESTART_COUNT", ""); !count.empty() && !getenv_or("SLURM_JOB_ID", "").empty())

@@ -176,7 +176,14 @@ void validate(const LaunchSpec& spec, const std::string& rank_binary) {
   auto fail = [](const std::string& s) { throw LaunchError(s); };
   if (spec.nprocs < 1) fail("the number of ranks must be at least 1, got " + std::to_string(spec.nprocs));
   if (spec.nnodes < 1) fail("the number of nodes must be at least 1, got --nnodes " + std::to_string(spec.nnodes));
-  if (spec.node_rank < 0 || spec.node_rank >= spec.nnodes)
+  if (spec.nnodes_min < 0 || spec.nnodes_min > spec.nnodes)
+    fail("--nnodes " + std::to_string(spec.nnodes_min) + ":" + std::to_string(spec.nnodes) +
+         " is no range: give --nnodes MIN:MAX with 1 <= MIN <= MAX");
+  // An elastic job's nodes but node 0 may leave their rank to node 0 (-1).
+  if (spec.node_rank == -1 && spec.nnodes_min == 0)
+    fail("this node has no --node-rank: give each node of a --nnodes " + std::to_string(spec.nnodes) +
+         " job its own, 0 for the one at --master-addr (only an elastic job, --nnodes MIN:MAX, numbers its nodes itself)");
+  if (spec.node_rank < -1 || spec.node_rank >= spec.nnodes)
     fail("--node-rank " + std::to_string(spec.node_rank) + " is out of range for --nnodes " +
          std::to_string(spec.nnodes) + ": node ranks go from 0 to " + std::to_string(spec.nnodes - 1));
   if (spec.nnodes > 1) {
@@ -426,6 +433,8 @@ RunReport Launcher::run() {
     detail::NodeLinkConfig config;
     config.node_rank = spec.node_rank;
     config.nnodes = spec.nnodes;
+    config.nnodes_min = spec.nnodes_min;
+    config.join_settle = spec.join_settle;
     config.nprocs = spec.nprocs;
     config.master_addr = spec.master_addr;
     config.master_port = master_port;
@@ -471,6 +480,11 @@ RunReport Launcher::run() {
       }
       return report;
     }
+    // The group this node is in: an elastic job's nodes are those that came, numbered by node 0,
+    // and every rank's RANK, WORLD_SIZE, GROUP_RANK and NNODES, its logs' names and its records
+    // follow them.
+    spec.node_rank = link->node_rank();
+    spec.nnodes = link->nnodes();
     // Stacks across nodes: node 0's requests reach the supervisor of this node's attempt under
     // way; a node between two attempts has no ranks to show, and node 0 names it as silent.
     link->handle_stacks({[this](unsigned seq, const std::string& only) {

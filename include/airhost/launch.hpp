@@ -63,6 +63,13 @@ struct LaunchSpec {
                                           // master_addr:master_port before any rank starts (the
                                           // nodes must agree on nnodes and nprocs), and stays
                                           // linked to it: see node_timeout
+  int nnodes_min = 0;                     // elastic (--nnodes MIN:MAX): the job starts with any
+                                          // number of nodes from nnodes_min to nnodes (MAX), node 0
+                                          // numbering them; node_rank -1: node 0 gives this node its
+                                          // rank. 0: exactly nnodes nodes
+  std::chrono::milliseconds join_settle{3000};  // elastic: once nnodes_min nodes joined, how long
+                                          // no newcomer must come before the job starts (at once
+                                          // when nnodes joined)
   std::chrono::seconds node_timeout{30};  // several nodes: another node silent this long is lost,
                                           // and this node's ranks are stopped (exit 138); a node
                                           // whose airhost exits or is killed is lost at once

@@ -147,7 +147,19 @@ TEST_CASE("every flag is read in its --flag VALUE and --flag=VALUE forms, before
       {{"--max-restarts", "3"}, [](const HostOptions& o) { CHECK(o.settings.max_restarts == 3); }},
       {{"--max_restarts=0"}, [](const HostOptions& o) { CHECK(o.settings.max_restarts == 0); }},
       {{"--nnodes", "2"}, [](const HostOptions& o) { CHECK(o.settings.nnodes == 2); }},
-      {{"--nnodes=16"}, [](const HostOptions& o) { CHECK(o.settings.nnodes == 16); }},
+      {{"--nnodes=16"}, [](const HostOptions& o) {
+         CHECK(o.settings.nnodes == 16);
+         CHECK_FALSE(o.settings.nnodes_min);
+       }},
+      {{"--nnodes", "2:4", "--join-settle", "500ms"}, [](const HostOptions& o) {
+         CHECK(o.settings.nnodes == 4);
+         CHECK(o.settings.nnodes_min == 2);
+         CHECK(o.settings.join_settle == std::chrono::milliseconds(500));
+       }},
+      {{"--nnodes=3:3"}, [](const HostOptions& o) {
+         CHECK(o.settings.nnodes == 3);
+         CHECK_FALSE(o.settings.nnodes_min);
+       }},
       {{"--node-rank", "1"}, [](const HostOptions& o) { CHECK(o.settings.node_rank == 1); }},
       {{"--node_rank=0"}, [](const HostOptions& o) { CHECK(o.settings.node_rank == 0); }},
       {{"--node-timeout", "3"}, [](const HostOptions& o) { CHECK(o.settings.node_timeout == 3s); }},
@@ -306,9 +318,14 @@ TEST_CASE("each command-line error is one sentence that says what to do") {
       {{"--accelerators", "0", "train.py"},
        "--accelerators must be a positive integer, got '0'; leave it out to start one rank per visible GPU"},
       {{"--nnodes", "0", "train.py"},
-       "--nnodes must be a positive integer (the number of nodes), got '0'; e.g. --nnodes 2"},
+       "--nnodes must be a positive integer (the number of nodes), or MIN:MAX for an elastic job (1 <= MIN <= MAX), "
+       "got '0'; e.g. --nnodes 2 or --nnodes 2:4"},
       {{"--nnodes=two", "train.py"},
-       "--nnodes must be a positive integer (the number of nodes), got 'two'; e.g. --nnodes 2"},
+       "--nnodes must be a positive integer (the number of nodes), or MIN:MAX for an elastic job (1 <= MIN <= MAX), "
+       "got 'two'; e.g. --nnodes 2 or --nnodes 2:4"},
+      {{"--nnodes=4:2", "train.py"},
+       "--nnodes must be a positive integer (the number of nodes), or MIN:MAX for an elastic job (1 <= MIN <= MAX), "
+       "got '4:2'; e.g. --nnodes 2 or --nnodes 2:4"},
       {{"--node-rank", "-1", "train.py"},
        "--node-rank must be a non-negative integer (0 for the node at --master-addr), got '-1'; e.g. --node-rank 0"},
       {{"--node-rank=-1", "train.py"},

@@ -253,13 +253,22 @@ TEST_CASE("a Kubeflow PyTorchJob pod: the topology comes from PET_*") {
     env["PET_NNODES"] = "4:4";
     CHECK(detect_cluster(env).nnodes == 4);
   }
-  SUBCASE("a real elastic range is refused") {
+  SUBCASE("an elastic policy's range is an elastic job (#35)") {
     auto env = pytorchjob_worker();
     env["PET_NNODES"] = "2:4";
-    CHECK_THROWS_WITH_AS(detect_cluster(env),
-                         "PET_NNODES=2:4 asks for an elastic node count, but airhost runs a fixed number of nodes; "
-                         "give the job minReplicas = maxReplicas (or no elasticPolicy), or --nnodes",
-                         ConfigError);
+    const auto t = detect_cluster(env);
+    CHECK(t.nnodes == 4);
+    CHECK(t.nnodes_min == 2);
+    CHECK(t.node_rank == 2);
+  }
+  SUBCASE("a range that is no range is refused, naming it") {
+    auto env = pytorchjob_worker();
+    for (const char* text : {"4:2", "0:2", "2:", "a:b"}) {
+      env["PET_NNODES"] = text;
+      CHECK_THROWS_WITH_AS(detect_cluster(env),
+                           ("PET_NNODES='" + std::string(text) + "' in the environment is not N or MIN:MAX (1 <= MIN <= MAX)").c_str(),
+                           ConfigError);
+    }
   }
   SUBCASE("several nodes without a node rank are refused") {
     auto env = pytorchjob_worker();

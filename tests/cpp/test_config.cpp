@@ -173,6 +173,8 @@ TEST_CASE("each config error names the file, line, column and key, and says what
       {"master_port = -1\n", "cfg.toml:1:15: key 'master_port'", "got -1"},
       {"max_restarts = 1001\n", "cfg.toml:1:16: key 'max_restarts' must be an integer from 0 to 1000", "got 1001"},
       {"nnodes = 0\n", "cfg.toml:1:10: key 'nnodes' must be a positive integer (the number of nodes)", "got 0"},
+      {"nnodes = \"4:2\"\n", "cfg.toml:1:10: key 'nnodes' must be a positive integer (the number of nodes), or \"MIN:MAX\"",
+       "got '4:2'"},
       {"node_rank = -1\n", "cfg.toml:1:13: key 'node_rank' must be a non-negative integer", "got -1"},
       {"node_timeout = 0\n", "cfg.toml:1:16: key 'node_timeout' must be a whole number of seconds, at least 1",
        "got 0; e.g. node_timeout = \"30s\""},
@@ -369,6 +371,8 @@ TEST_CASE("configs/default.toml is valid and matches the built-in defaults") {
   CHECK(s.node_rank == spec.node_rank);
   CHECK(s.node_timeout == spec.node_timeout);
   CHECK(s.join_timeout == spec.join_timeout);
+  CHECK_FALSE(s.nnodes_min);
+  CHECK(s.join_settle == spec.join_settle);
   CHECK(s.warm == true);
   CHECK_FALSE(s.preload);
   CHECK(s.preflight == false);
@@ -377,3 +381,15 @@ TEST_CASE("configs/default.toml is valid and matches the built-in defaults") {
   CHECK(s.env.empty());
 }
 #endif
+
+TEST_CASE("nnodes = \"MIN:MAX\" is an elastic job, and a fixed count over it makes it fixed again") {
+  Settings s = parse_config("nnodes = \"2:4\"\njoin_settle = \"1s\"\n", "cfg.toml");
+  CHECK(s.nnodes == 4);
+  CHECK(s.nnodes_min == 2);
+  CHECK(s.join_settle == std::chrono::milliseconds(1000));
+  Settings flags;
+  flags.nnodes = 3;
+  s.merge(flags);
+  CHECK(s.nnodes == 3);
+  CHECK_FALSE(s.nnodes_min);
+}

@@ -114,7 +114,8 @@ def test_nodes_that_disagree_both_exit_2_naming_who_said_what(airhost, what):
 @pytest.mark.parametrize("args, message", [
     (("--nnodes", "2", "--node-rank", "2", "--master-port", "29555"),
      "airhost: --node-rank 2 is out of range for --nnodes 2: node ranks go from 0 to 1"),
-    (("--nnodes", "0"), "airhost: --nnodes must be a positive integer (the number of nodes), got '0'"),
+    (("--nnodes", "0"), "airhost: --nnodes must be a positive integer (the number of nodes), or MIN:MAX for an "
+                        "elastic job (1 <= MIN <= MAX), got '0'"),
     (("--nnodes", "2", "--node-rank", "1", "--master-port", "29555", "--master-addr", "no-such-host.invalid"),
      "airhost: master address 'no-such-host.invalid' does not resolve ("),
     (("--nnodes", "2", "--node-rank", "1"), "airhost: with --nnodes 2, give --master-port: every node must be "

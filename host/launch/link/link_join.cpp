@@ -54,7 +54,12 @@ std::string peer_address(const sockaddr_storage& sa) {
 }
 
 void say(const NodeLinkConfig& cfg, const std::string& line) {
-  if (cfg.say) cfg.say("node " + std::to_string(cfg.node_rank) + " of " + std::to_string(cfg.nnodes) + ": " + line);
+  if (!cfg.say) return;
+  // An elastic job's node without a rank yet: "a node of 2:4".
+  const std::string count =
+      (cfg.nnodes_min > 0 ? std::to_string(cfg.nnodes_min) + ":" : std::string()) + std::to_string(cfg.nnodes);
+  cfg.say((cfg.node_rank < 0 ? std::string("a node") : "node " + std::to_string(cfg.node_rank)) + " of " + count + ": " +
+          line);
 }
 
 // What node 0 says of strangers on its port (a scanner, a health check, a flood of junk, a
@@ -92,6 +97,16 @@ class StrangerLines {
   int said_ = 0;
   long hidden_ = 0;
 };
+
+int int_field(const std::string& text, int fallback) {
+  try {
+    std::size_t used = 0;
+    const int v = std::stoi(text, &used);
+    return used == text.size() ? v : fallback;
+  } catch (const std::exception&) {
+    return fallback;
+  }
+}
 
 std::string join_list(const std::vector<std::string>& items) {
   std::string out;
@@ -321,6 +336,7 @@ NodeHello self_hello(const NodeLinkConfig& cfg) {
   NodeHello self;
   self.node_rank = cfg.node_rank;
   self.nnodes = cfg.nnodes;
+  self.nnodes_min = cfg.nnodes_min;
   self.nprocs = cfg.nprocs;
   self.max_restarts = cfg.max_restarts;
   self.host = host_name();
@@ -350,8 +366,21 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
   std::vector<LinkPeer> joined;
   StrangerLines strangers;
   const auto deadline = Clock::now() + cfg.join_timeout;
-  say(cfg, "waiting on port " + std::to_string(cfg.master_port) + " for " + std::to_string(cfg.nnodes - 1) +
-               " other node(s) to join");
+  // An elastic job (--nnodes MIN:MAX) starts with the nodes that came: once MIN-1 others joined
+  // and none came for join_settle, or at once when MAX-1 did.
+  const bool elastic = cfg.nnodes_min > 0;
+  const int want_max = cfg.nnodes - 1, want_min = elastic ? cfg.nnodes_min - 1 : want_max;
+  auto last_arrival = Clock::now();
+  bool said_enough = false;
+  if (elastic)
+    say(cfg, "waiting on port " + std::to_string(cfg.master_port) + " for " + std::to_string(want_min) + " to " +
+                 std::to_string(want_max) + " other node(s) to join (--nnodes " + std::to_string(cfg.nnodes_min) + ":" +
+                 std::to_string(cfg.nnodes) + "): the job starts once " + std::to_string(want_min) +
+                 " joined and no other came for " + duration_text(cfg.join_settle) + " (join_settle), or at once when " +
+                 std::to_string(want_max) + " did");
+  else
+    say(cfg, "waiting on port " + std::to_string(cfg.master_port) + " for " + std::to_string(cfg.nnodes - 1) +
+                 " other node(s) to join");
   if (cfg.join_token.empty())
     say(cfg, "the join is open: any host that reaches port " + std::to_string(cfg.master_port) +
                  " may join as a node; give every node the same AIRHOST_JOIN_TOKEN (or --join-token-file) to admit "
@@ -363,9 +392,10 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
   std::vector<int> node_rank_of;  // node rank -> index in `joined`, or -1; sized nnodes
   node_rank_of.assign(static_cast<std::size_t>(std::max(cfg.nnodes, 1)), -1);
   auto admit = [&](NodeHello h, LinkConnection conn) {
+    last_arrival = Clock::now();
     joined.push_back({h, std::move(conn)});
     std::string problem = check_nodes(self, {h});
-    if (problem.empty()) {
+    if (problem.empty() && h.node_rank >= 0) {
       int& seen = node_rank_of.at(static_cast<std::size_t>(h.node_rank));  // checked in range above
       if (seen >= 0) problem = check_nodes(self, {joined[static_cast<std::size_t>(seen)].node, h});
       else seen = static_cast<int>(joined.size()) - 1;
@@ -376,8 +406,28 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
     }
     say(cfg, describe_node(h) + " joined" + (auth ? " (its join token checked)" : ""));
   };
-  while (static_cast<int>(joined.size()) < cfg.nnodes - 1) {
+  for (;;) {
+    const int n = static_cast<int>(joined.size());
+    if (n >= want_max) break;
+    if (elastic && n >= want_min) {
+      if (Clock::now() - last_arrival >= cfg.join_settle || Clock::now() >= deadline) break;
+      if (!said_enough)
+        say(cfg, std::to_string(n + 1) + " nodes here, enough for --nnodes " + std::to_string(cfg.nnodes_min) + ":" +
+                     std::to_string(cfg.nnodes) + "; starting once no other node comes for " +
+                     duration_text(cfg.join_settle));
+      said_enough = true;
+    }
     if (cancelled && cancelled()) refuse_all(joined, "node 0 was stopped while the nodes joined", true);
+    if (Clock::now() >= deadline && elastic) {
+      refuse_all(joined,
+                 "only " + std::to_string(n + 1) + " node(s) joined node 0 (" + self.host + ", port " +
+                     std::to_string(cfg.master_port) + ") within " + duration_text(cfg.join_timeout) +
+                     " (join_timeout), and the job needs at least " + std::to_string(cfg.nnodes_min) + " (--nnodes " +
+                     std::to_string(cfg.nnodes_min) + ":" + std::to_string(cfg.nnodes) +
+                     "); start airhost with the same --nnodes, --master-addr and --master-port on more nodes, and "
+                     "check that they can reach this one",
+                 true);
+    }
     if (Clock::now() >= deadline) {
       std::set<int> here;
       for (auto& p : joined) here.insert(p.node.node_rank);
@@ -395,7 +445,7 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
     for (auto& p : pending) fds.push_back({p.conn.fd(), POLLIN, 0});
     for (auto& p : joined) fds.push_back({p.conn.fd(), POLLIN, 0});
     const std::size_t pending_polled = pending.size(), joined_polled = joined.size();
-    ::poll(fds.data(), fds.size(), 100);
+    ::poll(fds.data(), fds.size(), elastic && n >= want_min ? 20 : 100);
     accept_all(l4, pending);
     accept_all(l6, pending);
     // Only what poll() named is read: a turn costs the connections that spoke, not all of them.
@@ -413,7 +463,8 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
     }
     if (left) {
       node_rank_of.assign(node_rank_of.size(), -1);
-      for (std::size_t i = 0; i < joined.size(); ++i) node_rank_of.at(static_cast<std::size_t>(joined[i].node.node_rank)) = static_cast<int>(i);
+      for (std::size_t i = 0; i < joined.size(); ++i)
+        if (joined[i].node.node_rank >= 0) node_rank_of.at(static_cast<std::size_t>(joined[i].node.node_rank)) = static_cast<int>(i);
     }
     // Connections that have not said hello yet, or whose proof is awaited: those that spoke,
     // and those whose time to speak is up.
@@ -444,21 +495,34 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
   }
   strangers.tick(cfg, true);
   JoinedGroup group;
-  group.nodes.resize(static_cast<std::size_t>(cfg.nnodes));
+  group.nnodes = static_cast<int>(joined.size()) + 1;
+  group.node_rank = 0;
+  group.nodes.resize(static_cast<std::size_t>(group.nnodes));
   group.nodes[0] = self;
-  std::sort(joined.begin(), joined.end(), [](auto& a, auto& b) { return a.node.node_rank < b.node.node_rank; });
+  // By node rank; an elastic job's nodes without one after those with one, in the order they
+  // came (stable), and then numbered 1.. without gaps: the group of this attempt.
+  std::stable_sort(joined.begin(), joined.end(), [](auto& a, auto& b) {
+    return std::pair(a.node.node_rank < 0, a.node.node_rank) < std::pair(b.node.node_rank < 0, b.node.node_rank);
+  });
   std::vector<std::string> names;
-  const std::string welcome = link_frame(LinkKind::welcome, {{"host", self.host}, {"nodes", std::to_string(cfg.nnodes)}});
-  for (auto& p : joined) {
+  for (std::size_t i = 0; i < joined.size(); ++i) {
+    auto& p = joined[i];
+    if (elastic) p.node.node_rank = static_cast<int>(i) + 1;
     group.nodes[static_cast<std::size_t>(p.node.node_rank)] = p.node;
     names.push_back(describe_node(p.node));
     // A fresh socket takes a welcome at once; what it does not take waits in the buffer for
     // the link's thread. `closed`: that node left this very moment; its connection stays,
     // and the link's thread, finding it closed, reports the node lost at once.
-    (void)p.conn.send(welcome);
+    (void)p.conn.send(link_frame(LinkKind::welcome, {{"host", self.host},
+                                                     {"nodes", std::to_string(group.nnodes)},
+                                                     {"node_rank", std::to_string(p.node.node_rank)}}));
   }
   group.peers = std::move(joined);
-  say(cfg, "all " + std::to_string(cfg.nnodes) + " nodes joined (" + joined_list(names) + "); starting the ranks");
+  if (elastic)
+    say(cfg, std::to_string(group.nnodes) + " nodes joined (--nnodes " + std::to_string(cfg.nnodes_min) + ":" +
+                 std::to_string(cfg.nnodes) + "): " + joined_list(names) + "; starting the ranks");
+  else
+    say(cfg, "all " + std::to_string(group.nnodes) + " nodes joined (" + joined_list(names) + "); starting the ranks");
   return group;  // the listeners close here: rank 0's store takes the port next
 }
 
@@ -596,16 +660,27 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
                               "holds none, or is not this job's node 0; give every node the same token");
           auto fields = decode_fields(f->payload);
           JoinedGroup group;
-          group.nodes.resize(static_cast<std::size_t>(cfg.nnodes));
-          for (int r = 0; r < cfg.nnodes; ++r) group.nodes[static_cast<std::size_t>(r)].node_rank = r;
+          // The group node 0 made: an elastic job's size and this node's rank in it (a fixed
+          // count's are the ones given, which node 0 checked).
+          group.nnodes = int_field(fields["nodes"], cfg.nnodes);
+          group.node_rank = int_field(fields["node_rank"], cfg.node_rank);
+          if (group.nnodes < 2 || group.nnodes > cfg.nnodes || group.node_rank < 1 || group.node_rank >= group.nnodes)
+            throw NodeJoinError("node 0 at " + where + " welcomed this node as node " + fields["node_rank"] + " of " +
+                                fields["nodes"] + ", which does not fit --nnodes " + std::to_string(cfg.nnodes) +
+                                "; install the same airhost version on every node");
+          group.nodes.resize(static_cast<std::size_t>(group.nnodes));
+          for (int r = 0; r < group.nnodes; ++r) group.nodes[static_cast<std::size_t>(r)].node_rank = r;
           NodeHello zero;
           zero.node_rank = 0;
           zero.nnodes = cfg.nnodes;
+          zero.nnodes_min = cfg.nnodes_min;
           zero.nprocs = cfg.nprocs;
           zero.host = fields["host"].empty() ? cfg.master_addr : fields["host"];
           zero.address = address;
           group.nodes[0] = zero;
-          group.nodes[static_cast<std::size_t>(cfg.node_rank)] = self;
+          NodeHello me = self;
+          me.node_rank = group.node_rank;
+          group.nodes[static_cast<std::size_t>(group.node_rank)] = me;
           try {
             group.attempt = fields["attempt"].empty() ? 0 : std::max(0, std::stoi(fields["attempt"]));
           } catch (...) {
@@ -613,9 +688,11 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
           }
           // Frames node 0 sent after its welcome stay in the connection for the link's thread.
           group.peers.push_back({zero, std::move(conn)});
-          say(cfg, group.attempt > 0 ? "came back to the job at " + describe_node(zero) + ", which restarts every node: "
+          NodeLinkConfig now = cfg;  // said as the node it is now
+          now.node_rank = group.node_rank, now.nnodes = group.nnodes, now.nnodes_min = 0;
+          say(now, group.attempt > 0 ? "came back to the job at " + describe_node(zero) + ", which restarts every node: "
                                            "starting the ranks as restart " + std::to_string(group.attempt)
-                                     : "all " + std::to_string(cfg.nnodes) + " nodes joined at " + describe_node(zero) +
+                                     : "all " + std::to_string(group.nnodes) + " nodes joined at " + describe_node(zero) +
                                            "; starting the ranks");
           return group;
         }
@@ -656,12 +733,15 @@ std::string check_nodes(const NodeHello& self, const std::vector<NodeHello>& pee
       return "the node on " + named(p) + " speaks node link protocol " + std::to_string(p.version) + ", " +
              describe_node(self) + " speaks " + std::to_string(self.version) +
              "; install the same airhost version on every node";
+  auto count = [](const NodeHello& n) {
+    return (n.nnodes_min > 0 ? std::to_string(n.nnodes_min) + ":" : std::string()) + std::to_string(n.nnodes);
+  };
   for (const auto& p : peers)
-    if (p.nnodes != self.nnodes)
-      return "the nodes disagree on the number of nodes: " + describe_node(self) + " was given --nnodes " +
-             std::to_string(self.nnodes) + ", the node on " + named(p) + " --nnodes " + std::to_string(p.nnodes) +
-             "; give every node the same --nnodes";
+    if (p.nnodes != self.nnodes || p.nnodes_min != self.nnodes_min)
+      return "the nodes disagree on the number of nodes: " + describe_node(self) + " was given --nnodes " + count(self) +
+             ", the node on " + named(p) + " --nnodes " + count(p) + "; give every node the same --nnodes";
   for (const auto& p : peers) {
+    if (p.node_rank < 0 && self.nnodes_min > 0) continue;  // an elastic job's node: node 0 numbers it
     if (p.node_rank == 0)
       return "two nodes were given --node-rank 0: " + named(self) + " and " + named(p) +
              "; node 0 is the one at --master-addr, give the others 1.." + std::to_string(self.nnodes - 1);
@@ -746,7 +826,16 @@ std::vector<LinkPeer> RejoinDesk::take(const std::vector<int>& wanted) {
     if (got == Arrival::token_on_node_only) problem = token_on_node_only(*p.hello);
     else if (got == Arrival::admitted) {
       problem = check_nodes(d.self, {*p.hello});
-      if (problem.empty() && std::find(wanted.begin(), wanted.end(), p.hello->node_rank) == wanted.end())
+      if (problem.empty() && d.self.nnodes_min > 0) {
+        // An elastic job: a node that comes takes the place of one that was lost, whatever rank
+        // it was started with (node 0 numbers the nodes of each attempt).
+        std::vector<int> open;
+        for (int n : wanted)
+          if (std::none_of(back.begin(), back.end(), [n](const LinkPeer& b) { return b.node.node_rank == n; }))
+            open.push_back(n);
+        if (open.empty()) problem = "the job has all the nodes it lost back";
+        else p.hello->node_rank = open.front();
+      } else if (problem.empty() && std::find(wanted.begin(), wanted.end(), p.hello->node_rank) == wanted.end())
         problem = "node " + std::to_string(p.hello->node_rank) + " of this job is still in it; only a node that was "
                   "lost may join again, with its own --node-rank";
     }

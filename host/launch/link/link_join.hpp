@@ -19,7 +19,9 @@ namespace airhost::detail {
 
 struct NodeLinkConfig {
   int node_rank = 0;
-  int nnodes = 1;
+  int nnodes = 1;       // an elastic job: MAX
+  int nnodes_min = 0;   // an elastic job (--nnodes MIN:MAX): MIN; 0: exactly nnodes. node_rank -1: node 0 numbers this one
+  std::chrono::milliseconds join_settle{3000};  // elastic: node 0 starts the job once MIN joined and none came for this long
   int nprocs = 1;
   int max_restarts = 0;                   // every node must be given the same (checked at the join)
   std::string master_addr;               // node 0's address, as the ranks get it
@@ -68,6 +70,8 @@ struct LinkPeer {
 struct JoinedGroup {
   std::vector<NodeHello> nodes;
   std::vector<LinkPeer> peers;
+  int nnodes = 0;      // the nodes in the group (an elastic job: those that came, MIN to MAX)
+  int node_rank = -1;  // this node's rank in it (an elastic job: as node 0 numbered the nodes)
   int attempt = 0;  // a node that came back to a job: the attempt every node starts next
 };
 

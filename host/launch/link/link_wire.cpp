@@ -35,6 +35,7 @@ std::string encode_hello(const NodeHello& h) {
   return encode_fields({{"version", std::to_string(h.version)},
                         {"node_rank", std::to_string(h.node_rank)},
                         {"nnodes", std::to_string(h.nnodes)},
+                        {"nnodes_min", std::to_string(h.nnodes_min)},
                         {"nprocs", std::to_string(h.nprocs)},
                         {"max_restarts", std::to_string(h.max_restarts)},
                         {"host", h.host},
@@ -49,6 +50,7 @@ NodeHello decode_hello(std::string_view payload) {
   h.version = to_int(f["version"], -1);
   h.node_rank = to_int(f["node_rank"], -1);
   h.nnodes = to_int(f["nnodes"], -1);
+  h.nnodes_min = to_int(f["nnodes_min"], 0);  // absent: a fixed count (an airhost before elastic jobs)
   h.nprocs = to_int(f["nprocs"], -1);
   h.max_restarts = to_int(f["max_restarts"], 0);
   h.host = f["host"].empty() ? "unknown" : f["host"];
@@ -57,7 +59,7 @@ NodeHello decode_hello(std::string_view payload) {
 }
 
 std::string describe_node(const NodeHello& n) {
-  std::string s = "node " + std::to_string(n.node_rank) + " (" + n.host;
+  std::string s = (n.node_rank < 0 ? std::string("a node") : "node " + std::to_string(n.node_rank)) + " (" + n.host;
   if (!n.address.empty() && n.address != n.host) s += ", " + n.address;
   return s + ")";
 }

@@ -62,7 +62,8 @@ constexpr std::size_t kStacksAnswerCap = kMaxLinkFrame - 4096;
 struct NodeHello {
   int version = kNodeLinkVersion;
   int node_rank = 0;
-  int nnodes = 1;
+  int nnodes = 1;      // an elastic job: MAX
+  int nnodes_min = 0;  // an elastic job (--nnodes MIN:MAX): MIN; 0: exactly nnodes. node_rank -1: node 0 numbers it
   int nprocs = 1;      // ranks on that node
   int max_restarts = 0;  // restarts of the whole group it was given (every node must agree)
   std::string host;    // its host name

@@ -74,13 +74,21 @@ struct NodeLink::Impl {
     bool got_file = false;    // node 0: shared_file went to it
   };
 
-  Impl(const NodeLinkConfig& config, JoinedGroup joined) : cfg(config), group(config.nnodes, config.node_rank) {
+  Impl(const NodeLinkConfig& config, JoinedGroup joined)
+      : cfg(config),
+        me(joined.node_rank >= 0 ? joined.node_rank : config.node_rank),
+        group_size(joined.nnodes > 0 ? joined.nnodes : config.nnodes),
+        group(group_size, me) {
     nodes = std::move(joined.nodes);
     attempt = joined.attempt;
     for (auto& p : joined.peers) peers.push_back({std::move(p.node), std::move(p.conn), 0, Clock::now()});
   }
 
-  NodeLinkConfig cfg;
+  NodeLinkConfig cfg;  // as given: who this node says it is at a join (an elastic job's range)
+  // This node's rank and the number of nodes in the group it joined: cfg's for a fixed count;
+  // an elastic job's as node 0 numbered them.
+  int me = 0;
+  int group_size = 1;
   milliseconds heartbeat{1000};
   std::vector<NodeHello> nodes;
   std::vector<Peer> peers;  // node 0: one per other node; another node: one, to node 0
@@ -116,7 +124,7 @@ struct NodeLink::Impl {
 
   // Node 0: sends shared_file to every node once it exists (and to a node that came back).
   void send_shared_file() {
-    if (cfg.node_rank != 0 || cfg.shared_file.empty()) return;
+    if (me != 0 || cfg.shared_file.empty()) return;
     if (std::all_of(peers.begin(), peers.end(), [this](const Peer& p) { return p.got_file || is_gone(p); })) return;
     UniqueFd fd(::open(cfg.shared_file.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd) return;  // not yet
@@ -135,7 +143,7 @@ struct NodeLink::Impl {
 
   // Another node: what node 0 sent is written where this node's shared_file is.
   void take_shared_file(const std::string& text) {
-    if (cfg.node_rank == 0 || cfg.shared_file.empty()) return;
+    if (me == 0 || cfg.shared_file.empty()) return;
     try {
       write_file_atomic(cfg.shared_file, text);
     } catch (const std::exception& e) {
@@ -144,10 +152,10 @@ struct NodeLink::Impl {
   }
   Clock::time_point last_watched = Clock::now(), loop_silent_since{};  // the link's thread alone
 
-  bool hub() const { return cfg.node_rank == 0; }
+  bool hub() const { return me == 0; }
 
   void say(const std::string& line) const {
-    if (cfg.say) cfg.say("node " + std::to_string(cfg.node_rank) + " of " + std::to_string(cfg.nnodes) + ": " + line);
+    if (cfg.say) cfg.say("node " + std::to_string(me) + " of " + std::to_string(group_size) + ": " + line);
   }
 
   ~Impl() {
@@ -258,7 +266,7 @@ struct NodeLink::Impl {
       std::lock_guard lock(m);
       group.connection_gone(p.node.node_rank);
     }
-    report(attempt, NodeDown{p.node.node_rank, describe_node(p.node) + " was lost: " + why, false}, cfg.node_rank, &p);
+    report(attempt, NodeDown{p.node.node_rank, describe_node(p.node) + " was lost: " + why, false}, me, &p);
   }
 
   // Node 0: when it and every other node are done, it tells them all to end.
@@ -365,12 +373,16 @@ struct NodeLink::Impl {
     cv.notify_all();
     const std::string f = restart ? link_frame(LinkKind::restart, {{"attempt", std::to_string(of + 1)}})
                                   : link_frame(LinkKind::final, {{"attempt", std::to_string(of)}});
-    const std::string welcome = link_frame(LinkKind::welcome, {{"host", nodes[0].host},
-                                                               {"nodes", std::to_string(cfg.nnodes)},
-                                                               {"attempt", std::to_string(of + 1)}});
+    // A node that came back hears its place in the group: an elastic job's node gave no rank.
+    auto welcome = [&](int node) {
+      return link_frame(LinkKind::welcome, {{"host", nodes[0].host},
+                                            {"nodes", std::to_string(group_size)},
+                                            {"node_rank", std::to_string(node)},
+                                            {"attempt", std::to_string(of + 1)}});
+    };
     for (auto& p : peers) {
       if (is_gone(p)) continue;
-      send_to(p, restart && came_back.count(p.node.node_rank) ? welcome : f);
+      send_to(p, restart && came_back.count(p.node.node_rank) ? welcome(p.node.node_rank) : f);
     }
     came_back.clear();
     if (restart) send_shared_file();
@@ -397,7 +409,10 @@ struct NodeLink::Impl {
       say("the other nodes want a restart; waiting up to " + duration_text(cfg.join_timeout) +
                 " (join_timeout) for " + names + " to come back: start its airhost again with the same arguments");
     }
-    for (auto& back : desk->take(lost_nodes)) {
+    std::vector<int> still_lost;
+    for (int n : lost_nodes)
+      if (!came_back.count(n)) still_lost.push_back(n);
+    for (auto& back : desk->take(still_lost)) {
       const int n = back.node.node_rank;
       for (auto& p : peers) {
         if (p.node.node_rank != n) continue;
@@ -553,15 +568,15 @@ struct NodeLink::Impl {
     const auto silent = now - std::max(Clock::time_point(Clock::duration(turned)), loop_silent_since);
     if (silent <= cfg.node_timeout) return;
     loop_stuck = true;
-    const NodeHello& self = nodes[static_cast<std::size_t>(cfg.node_rank)];
-    const NodeDown d{cfg.node_rank,
+    const NodeHello& self = nodes[static_cast<std::size_t>(me)];
+    const NodeDown d{me,
                      describe_node(self) + " stopped: its airhost's loop has not turned for " +
                          duration_text(std::chrono::duration_cast<milliseconds>(silent)) +
                          " (node_timeout), so nothing watches its ranks (a callback of the embedding program "
                          "that does not return, or a write to a file system that hangs)",
                      false};
     if (!hub()) send_outbox({down_frame(attempt, d)});
-    report(attempt, d, cfg.node_rank, nullptr);  // node 0 relays it to every other node
+    report(attempt, d, me, nullptr);  // node 0 relays it to every other node
   }
 
   void run_loop() noexcept {
@@ -570,8 +585,8 @@ struct NodeLink::Impl {
     } catch (const std::exception& e) {
       // Only poll() failing gets here (EFAULT, ENOMEM): with no loop, the others cannot be
       // watched, so this node reports itself lost to the launcher, which stops its ranks.
-      report(attempt, NodeDown{cfg.node_rank, "the node link of " + describe_node(nodes[static_cast<std::size_t>(cfg.node_rank)]) + " failed: " + e.what(), false},
-             cfg.node_rank, nullptr);
+      report(attempt, NodeDown{me, "the node link of " + describe_node(nodes[static_cast<std::size_t>(me)]) + " failed: " + e.what(), false},
+             me, nullptr);
     }
   }
 };
@@ -582,6 +597,8 @@ NodeLink::~NodeLink() = default;
 const std::vector<NodeHello>& NodeLink::nodes() const { return impl_->nodes; }
 
 int NodeLink::attempt() const { return impl_->attempt; }
+int NodeLink::node_rank() const { return impl_->me; }
+int NodeLink::nnodes() const { return impl_->group_size; }
 std::uint64_t NodeLink::turns() const { return impl_->turns.load(std::memory_order_relaxed); }
 
 bool NodeLink::after_attempt(bool want_restart, milliseconds limit, const std::function<bool()>& cancelled) {
@@ -661,7 +678,7 @@ void NodeLink::answer_stacks(unsigned seq, const std::string& ranks) {
 
 void NodeLink::tell_down(const std::string& why, bool cascade, bool timed_out, bool hung) {
   Impl& s = *impl_;
-  NodeDown d{s.cfg.node_rank, describe_node(s.nodes[static_cast<std::size_t>(s.cfg.node_rank)]) + " " + why, cascade};
+  NodeDown d{s.me, describe_node(s.nodes[static_cast<std::size_t>(s.me)]) + " " + why, cascade};
   d.timed_out = timed_out;
   d.hung = hung;
   s.queue(s.down_frame(s.attempt, d));
@@ -683,7 +700,7 @@ std::optional<NodeDown> NodeLink::finish(milliseconds limit) {
   Impl& s = *impl_;
   {
     std::lock_guard lock(s.m);
-    s.group.report_done(s.attempt, s.cfg.node_rank);
+    s.group.report_done(s.attempt, s.me);
   }
   if (!s.hub()) s.queue(link_frame(LinkKind::done, {{"attempt", std::to_string(s.attempt)}}));
   else s.poke();  // node 0 counts itself done: its loop may now see every node done

@@ -127,6 +127,11 @@ class NodeLink {
   // Another node: answers node 0 (any thread).
   void answer_stacks(unsigned seq, const std::string& ranks);
 
+  // This node's rank and the number of nodes of the group it joined: those given, or an elastic
+  // job's as node 0 numbered the nodes that came (--nnodes MIN:MAX).
+  int node_rank() const;
+  int nnodes() const;
+
   // Every node, by node rank (this one's address empty), once joined.
   const std::vector<NodeHello>& nodes() const;
 
