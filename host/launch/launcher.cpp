@@ -349,6 +349,7 @@ struct Launcher::Impl {
   std::string pending_abort;  // another node is gone: why (the node link's thread sets it)
   int pending_abort_attempt = 0;  // ... in which attempt: a report of the next one waits for it
   bool pending_abort_timed_out = false, pending_abort_hung = false;  // ... as a timeout or a hang (NodeDown)
+  int node_lost_attempt = -1;  // the last attempt in which another node was lost (its airhost gone or silent)
   bool ran = false;
 };
 
@@ -497,6 +498,7 @@ RunReport Launcher::run() {
                          }});
     link->start([this](const detail::NodeDown& down) {
       std::lock_guard lock(impl_->mutex);
+      if (down.lost) impl_->node_lost_attempt = down.attempt;
       if (impl_->pending_abort.empty() || impl_->pending_abort_attempt != down.attempt)
         impl_->pending_abort = down.message, impl_->pending_abort_attempt = down.attempt,
         impl_->pending_abort_timed_out = down.timed_out && !down.cascade, impl_->pending_abort_hung = down.hung;
@@ -523,6 +525,10 @@ RunReport Launcher::run() {
   // A node that came back to a job (its airhost was lost and started again) joins the group's
   // next attempt, as every other node starts it.
   int attempt = link ? link->attempt() : 0;
+  // An elastic job's restarts after a node was lost are not the ranks' fault: they do not count
+  // against max_restarts (the attempt number, TORCHELASTIC_RESTART_COUNT, counts them all).
+  int free_restarts = 0;
+  bool elastic_restart = false;
   if (attempt > 0) {
     const std::string mark = "----- airhost: this node came back to the job; restart " + std::to_string(attempt) +
                              " of " + std::to_string(spec.max_restarts) + " -----\n";
@@ -605,14 +611,17 @@ RunReport Launcher::run() {
       std::lock_guard lock(impl_->mutex);
       // After a scheduler's warning the job's time is nearly up: the ranks checkpointed and
       // stopped for the job to be requeued, not for another attempt here.
+      elastic_restart = link && spec.nnodes_min > 0 && impl_->node_lost_attempt == attempt &&
+                        report.outcome == Outcome::node_lost;
       return (report.outcome == Outcome::failed || (link && report.outcome == Outcome::node_lost)) &&
-             attempt < spec.max_restarts && !impl_->pending_cancel && !report.warning_signal;
+             (attempt - free_restarts < spec.max_restarts || elastic_restart) && !impl_->pending_cancel &&
+             !report.warning_signal;
     };
     {
       std::lock_guard lock(impl_->mutex);
       impl_->supervisor = nullptr;
     }
-    if (link && spec.max_restarts > 0) {
+    if (link && (spec.max_restarts > 0 || spec.nnodes_min > 0)) {
       if (report.ok()) {
         // This node's ranks succeeded: the attempt failed only if another node's did.
         auto down = link->finish(time_left(spec, started));
@@ -638,13 +647,24 @@ RunReport Launcher::run() {
         }
       }
       if (!again) break;
+      // An elastic job may go on with fewer nodes: this node's rank and the group's size as
+      // node 0 numbered them for the next attempt.
+      spec.node_rank = link->node_rank();
+      spec.nnodes = link->nnodes();
     } else if (!may_restart()) {
       break;
     }
     failed_attempts.push_back(report.message);
     const RestartEvent event{attempt + 1, spec.max_restarts, report.message};
-    const std::string line = report.message + "; restarting all " + std::to_string(spec.nprocs) + " rank(s) (restart " +
-                             std::to_string(event.restart) + " of " + std::to_string(event.max_restarts) + ")";
+    std::string line = report.message + "; restarting all " + std::to_string(spec.nprocs) + " rank(s) (restart " +
+                       std::to_string(event.restart) + " of " + std::to_string(event.max_restarts) + ")";
+    if (elastic_restart) {
+      ++free_restarts;
+      line = report.message + "; the job goes on with " + std::to_string(spec.nnodes) + " node(s), this one node " +
+             std::to_string(spec.node_rank) + ": restarting its " + std::to_string(spec.nprocs) + " rank(s) as restart " +
+             std::to_string(event.restart) + " (a node's loss: not counted against --max-restarts " +
+             std::to_string(spec.max_restarts) + ")";
+    }
     if (impl_->callbacks.on_restart) impl_->callbacks.on_restart(event), out.log(line);
     else out.say(line);
     // The logs go on in the same files; a line in each stderr log says where an attempt begins,

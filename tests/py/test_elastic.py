@@ -5,10 +5,11 @@ are numbered by node 0 in the order they came, and every rank's RANK, WORLD_SIZE
 and GROUP_WORLD_SIZE follow the group that formed. Too few nodes is 138 after --join-timeout,
 and nodes that disagree on the range are refused before anything starts."""
 import re
+from pathlib import Path
 
 import pytest
 
-from conftest import free_port, script
+from conftest import free_port, script, wait_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -113,3 +114,88 @@ def test_nodes_that_disagree_on_the_range_are_refused_with_one_message(airhost):
     assert re.search(said, r0.err), r0.err
     assert re.search(said, r1.err), r1.err
 
+
+
+# ---- a lost node ----------------------------------------------------------------------------
+
+
+def train_node(airhost, port, rank, ckpt, out, nnodes="2:3", *extra):
+    ranked = ("--node-rank", str(rank)) if rank is not None else ()
+    return airhost.start(RESUME, "-n", "1", "--nnodes", nnodes, *ranked, "--master-addr", "127.0.0.1",
+                         "--master-port", str(port), "--join-settle", "1s", "--join-timeout", "60", "--node-timeout",
+                         "5", "--grace", "2", *extra, "--", "--ckpt", ckpt, "--out", out, "--stall-at", "17",
+                         "--stall-rank", "2")
+
+
+RESUME = Path(__file__).parent / "restart_scripts" / "train_resume.py"
+
+
+def test_a_node_killed_mid_run_the_others_go_on_as_a_smaller_group_from_the_last_checkpoint(airhost, tmp_path):
+    # 3 nodes of 2:3, one DDP rank each, checkpointing every 5 steps. Node 2's rank stalls at step
+    # 17; its airhost is SIGKILLed there. Nodes 0 and 1 stop their ranks and start them again as
+    # a group of 2 (WORLD_SIZE 2), which resumes from step 15 and finishes: exit 0 on both, with
+    # no restart of --max-restarts (0) spent.
+    ckpt, out = tmp_path / "ckpt", tmp_path / "final.pt"
+    ckpt.mkdir()
+    port = free_port()
+    hosts = [train_node(airhost, port, r, ckpt, out) for r in (0, 1, 2)]
+    wait_for(lambda: (ckpt / "stalled").exists(), 90, "node 2's rank stalled at step 17")
+    hosts[2].proc.kill()
+    r0, r1 = hosts[0].finish(timeout=120), hosts[1].finish(timeout=120)
+    hosts[2].proc.wait()
+    r0.assert_rc(0)
+    r1.assert_rc(0)
+    for run, node in ((r0, 0), (r1, 1)):
+        assert run.run_json["nnodes"] == 2 and run.run_json["node_rank"] == node, run.run_json
+        assert run.run_json["restarts"] == 1
+        assert len(run.run_json["failed_attempts"]) == 1
+        assert "node 2 (" in run.run_json["failed_attempts"][0] and " was lost: " in run.run_json["failed_attempts"][0]
+        assert re.search(r"the job goes on with 2 node\(s\), this one node %d: restarting its 1 rank\(s\) as restart 1 "
+                         r"\(a node's loss: not counted against --max-restarts 0\)" % node, run.err), run.err
+    assert re.search(r"node 0 of 2: node 2 \(.*\) was lost; the job goes on with 2 nodes \(--nnodes 2:3\): restart 1",
+                     r0.err), r0.err
+    said = r0.out
+    assert "attempt 0: starting from scratch" in said, said
+    assert "attempt 1: resumed from step-000015 at step 15" in said, said
+    assert "finished 30 steps" in said, said
+    assert out.exists()
+
+
+def test_fewer_than_min_left_wait_for_a_node_to_come_and_end_138_without_one(airhost, tmp_path):
+    # 3 nodes of 3:4 lose one: below MIN, node 0 waits --join-timeout for a node to take its place,
+    # then every node left ends 138 naming the lost one.
+    ckpt, out = tmp_path / "ckpt", tmp_path / "final.pt"
+    ckpt.mkdir()
+    port = free_port()
+    hosts = [train_node(airhost, port, r, ckpt, out, "3:4", "--join-timeout", "4") for r in (0, 1, 2)]
+    wait_for(lambda: (ckpt / "stalled").exists(), 90, "node 2's rank stalled at step 17")
+    hosts[2].proc.kill()
+    r0, r1 = hosts[0].finish(timeout=120), hosts[1].finish(timeout=120)
+    hosts[2].proc.wait()
+    r0.assert_rc(138)
+    r1.assert_rc(138)
+    assert re.search(r"waiting up to 4 s \(join_timeout\) for node 2 \(.*\) to come back", r0.err), r0.err
+    for run in (r0, r1):
+        assert re.search(r"node 2 \(.*\) was lost", run.run_json["message"]), run.run_json["message"]
+
+
+def test_below_min_a_new_node_without_a_rank_takes_the_lost_ones_place(airhost, tmp_path):
+    # 3 nodes of 3:4 lose node 2; a fresh host that gives no --node-rank comes while node 0
+    # waits, and is taken in as node 2: the group of 3 resumes from step 15 and finishes.
+    ckpt, out = tmp_path / "ckpt", tmp_path / "final.pt"
+    ckpt.mkdir()
+    port = free_port()
+    hosts = [train_node(airhost, port, r, ckpt, out, "3:4") for r in (0, 1, 2)]
+    wait_for(lambda: (ckpt / "stalled").exists(), 90, "node 2's rank stalled at step 17")
+    hosts[2].proc.kill()
+    hosts[2].proc.wait()
+    wait_for(lambda: "to come back" in hosts[0].err_path.read_text(), 60, "node 0 waiting for a node")
+    fresh = train_node(airhost, port, None, ckpt, out, "3:4")
+    runs = [hosts[0].finish(timeout=120), hosts[1].finish(timeout=120), fresh.finish(timeout=120)]
+    for run in runs:
+        run.assert_rc(0)
+    assert runs[2].run_json["node_rank"] == 2 and runs[2].run_json["nnodes"] == 3, runs[2].run_json
+    assert re.search(r"node 2 of 3: came back to the job at node 0 \(.*\), which restarts every node: starting the "
+                     r"ranks as restart 1", runs[2].err), runs[2].err
+    assert "attempt 1: resumed from step-000015 at step 15" in runs[0].out, runs[0].out
+    assert "finished 30 steps" in runs[0].out

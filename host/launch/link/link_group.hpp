@@ -31,6 +31,7 @@ struct NodeDown {
   bool timed_out = false;  // it ended its ranks as a timeout does (--timeout, --on-hang stop):
                            // the other nodes end theirs the same way (exit 124)
   bool hung = false;       // ... because its hang watch found no progress (--on-hang stop)
+  bool lost = false;       // the node itself was lost (its airhost gone or silent), not its ranks' error
 };
 
 class GroupState {
@@ -72,6 +73,13 @@ class GroupState {
   void came_back(int attempt, int node);
   // `node`'s connection closed or the node was declared lost: nothing more comes from it.
   void connection_gone(int node);
+  // An elastic job went on without its lost nodes: `nnodes` nodes from now on, this one `self`,
+  // numbered anew, every node connected. What was said of earlier attempts stays theirs.
+  void regroup(int nnodes, int self) {
+    nnodes_ = nnodes;
+    self_ = self;
+    gone_.clear();
+  }
 
   bool gone(int node) const { return gone_.count(node) > 0; }
   bool ended(int attempt) const;

@@ -72,6 +72,7 @@ struct NodeLink::Impl {
     std::uint64_t heard = 0;  // conn.bytes_received() when last looked at
     Clock::time_point last_rx;
     bool got_file = false;    // node 0: shared_file went to it
+    bool dropped = false;     // node 0: a lost node an elastic job went on without (removed at the loop's top)
   };
 
   Impl(const NodeLinkConfig& config, JoinedGroup joined)
@@ -190,6 +191,7 @@ struct NodeLink::Impl {
   // ---- on the link's thread
 
   bool is_gone(const Peer& p) const {
+    if (p.dropped) return true;
     std::lock_guard lock(m);
     return group.gone(p.node.node_rank);
   }
@@ -200,6 +202,7 @@ struct NodeLink::Impl {
                                        {"cascade", d.cascade ? "1" : "0"},
                                        {"timed_out", d.timed_out ? "1" : "0"},
                                        {"hung", d.hung ? "1" : "0"},
+                                       {"lost", d.lost ? "1" : "0"},
                                        {"attempt", std::to_string(of_attempt)}});
   }
 
@@ -266,7 +269,9 @@ struct NodeLink::Impl {
       std::lock_guard lock(m);
       group.connection_gone(p.node.node_rank);
     }
-    report(attempt, NodeDown{p.node.node_rank, describe_node(p.node) + " was lost: " + why, false}, me, &p);
+    NodeDown d{p.node.node_rank, describe_node(p.node) + " was lost: " + why, false};
+    d.lost = true;
+    report(attempt, d, me, &p);
   }
 
   // Node 0: when it and every other node are done, it tells them all to end.
@@ -289,6 +294,7 @@ struct NodeLink::Impl {
         NodeDown d{to_int(fields["node"], -1), fields["message"], fields["cascade"] == "1"};
         d.timed_out = fields["timed_out"] == "1";
         d.hung = fields["hung"] == "1";
+        d.lost = fields["lost"] == "1";
         report(to_int(fields["attempt"], 0), d, from, &p);  // no attempt: a peer before attempts, so 0
         break;
       }
@@ -309,11 +315,25 @@ struct NodeLink::Impl {
         break;
       }
       case LinkKind::restart: {  // a spoke hears node 0's decision: the next attempt begins now
-        const int next = to_int(decode_fields(f.payload)["attempt"], 0);
+        auto fields = decode_fields(f.payload);
+        const int next = to_int(fields["attempt"], 0);
         std::lock_guard lock(m);
         if (next == attempt + 1) {
           group.decide(attempt, true);
           attempt = next;
+          // An elastic job that went on without lost nodes: this node's place in the new group.
+          const int k = to_int(fields["nodes"], group_size), r = to_int(fields["node_rank"], me);
+          if ((k != group_size || r != me) && k >= 2 && r >= 1 && r < k) {
+            NodeHello self = nodes[static_cast<std::size_t>(me)], zero = nodes[0];
+            self.node_rank = r;
+            nodes.assign(static_cast<std::size_t>(k), NodeHello{});
+            for (int i = 0; i < k; ++i) nodes[static_cast<std::size_t>(i)].node_rank = i;
+            nodes[0] = zero;
+            nodes[static_cast<std::size_t>(r)] = self;
+            me = r;
+            group_size = k;
+            group.regroup(k, r);
+          }
         }
         break;
       }
@@ -361,6 +381,9 @@ struct NodeLink::Impl {
       restart = group.restart_agreed(of);
       if (!restart) lost_nodes = group.rejoin_wanted(of);
     }
+    // An elastic job with enough nodes left goes on without the lost ones, at once.
+    if (!lost_nodes.empty() && cfg.nnodes_min > 0 && group_size - static_cast<int>(lost_nodes.size()) >= cfg.nnodes_min)
+      return go_on_without(of, lost_nodes);
     if (!lost_nodes.empty() && rejoin_wait(of, lost_nodes)) return;
     {
       std::lock_guard lock(m);
@@ -386,6 +409,48 @@ struct NodeLink::Impl {
     }
     came_back.clear();
     if (restart) send_shared_file();
+  }
+
+  // Node 0 of an elastic job, after attempt `of` failed with `lost` nodes gone, every other node
+  // wanting a restart and at least MIN left: the next attempt is the group of the nodes left,
+  // numbered anew without gaps (node 0 stays 0), each told its new rank with the restart. The
+  // lost nodes' peers are dropped at the loop's next turn (this may run while it reads them).
+  void go_on_without(int of, const std::vector<int>& lost_nodes) {
+    const std::set<int> lost(lost_nodes.begin(), lost_nodes.end());
+    std::vector<std::string> names;
+    for (int n : lost_nodes) names.push_back(describe_node(nodes[static_cast<std::size_t>(n)]));
+    std::vector<NodeHello> now{nodes[0]};
+    int next = 1;
+    for (auto& p : peers) {
+      if (p.dropped || lost.count(p.node.node_rank)) {
+        p.dropped = true;
+        continue;
+      }
+      p.node.node_rank = next++;
+      now.push_back(p.node);
+    }
+    {
+      std::lock_guard lock(m);
+      if (group.decision(of)) return;
+      group.decide(of, true);
+      attempt = of + 1;
+      group_size = next;
+      group.regroup(next, 0);
+      nodes = std::move(now);
+    }
+    desk.reset();
+    cv.notify_all();
+    std::string listed;
+    for (std::size_t i = 0; i < names.size(); ++i) listed += (i ? (i + 1 == names.size() ? " and " : ", ") : "") + names[i];
+    say(listed + (names.size() > 1 ? " were" : " was") + " lost; the job goes on with " +
+        std::to_string(next) + " nodes (--nnodes " + std::to_string(cfg.nnodes_min) + ":" + std::to_string(cfg.nnodes) +
+        "): restart " + std::to_string(of + 1) + ", a node's loss, not counted against --max-restarts");
+    for (auto& p : peers)
+      if (!p.dropped)
+        send_to(p, link_frame(LinkKind::restart, {{"attempt", std::to_string(of + 1)},
+                                                  {"nodes", std::to_string(next)},
+                                                  {"node_rank", std::to_string(p.node.node_rank)}}));
+    send_shared_file();
   }
 
   // Node 0, after attempt `of` failed with `lost` nodes gone and every other node wanting a
@@ -480,6 +545,8 @@ struct NodeLink::Impl {
     std::vector<pollfd> fds;
     const std::string beat = link_frame(LinkKind::heartbeat);
     for (;;) {
+      // The lost nodes an elastic job went on without (go_on_without), now that no turn reads them.
+      std::erase_if(peers, [](const Peer& p) { return p.dropped; });
       std::vector<std::string> frames;
       bool stopping;
       {
@@ -597,8 +664,14 @@ NodeLink::~NodeLink() = default;
 const std::vector<NodeHello>& NodeLink::nodes() const { return impl_->nodes; }
 
 int NodeLink::attempt() const { return impl_->attempt; }
-int NodeLink::node_rank() const { return impl_->me; }
-int NodeLink::nnodes() const { return impl_->group_size; }
+int NodeLink::node_rank() const {
+  std::lock_guard lock(impl_->m);
+  return impl_->me;
+}
+int NodeLink::nnodes() const {
+  std::lock_guard lock(impl_->m);
+  return impl_->group_size;
+}
 std::uint64_t NodeLink::turns() const { return impl_->turns.load(std::memory_order_relaxed); }
 
 bool NodeLink::after_attempt(bool want_restart, milliseconds limit, const std::function<bool()>& cancelled) {
