@@ -16,7 +16,7 @@ namespace {
 
 enum class FlagId {
   accelerators, timeout, grace, python, run_dir, master_addr, master_port, max_restarts,
-  nnodes, node_rank, node_timeout, join_timeout, join_settle, join_token_file,
+  nnodes, node_rank, node_timeout, join_timeout, join_settle, scale_up_interval, join_token_file,
   prefix, no_prefix, ranks, env, config, preflight, tracking, no_tracking, json, module, help, version,
   preload, cold, print_env, pickled, experiment, log_max_size, hang_timeout, on_hang,
 };
@@ -45,6 +45,7 @@ const std::vector<FlagSpec>& flag_specs() {
       {FlagId::node_timeout, {"--node-timeout"}, true, "30s"},
       {FlagId::join_timeout, {"--join-timeout"}, true, "10m"},
       {FlagId::join_settle, {"--join-settle"}, true, "3s"},
+      {FlagId::scale_up_interval, {"--scale-up-interval"}, true, "1m"},
       {FlagId::join_token_file, {"--join-token-file"}, true, "/run/secrets/airhost-join-token"},
       {FlagId::prefix, {"--prefix"}, false, ""},
       {FlagId::no_prefix, {"--no-prefix"}, false, ""},
@@ -297,10 +298,11 @@ class Parser {
         s.nnodes_min = range->first != range->second ? std::optional<int>(range->first) : std::nullopt;
         break;
       }
-      case FlagId::join_settle: {
+      case FlagId::join_settle:
+      case FlagId::scale_up_interval: {
         const auto d = parse_duration(value, name);
         if (d.count() < 0) throw ConfigError(name + " must not be negative; e.g. " + name + " " + spec.example);
-        s.join_settle = d;
+        (spec.id == FlagId::join_settle ? s.join_settle : s.scale_up_interval) = d;
         break;
       }
       case FlagId::node_rank: {
@@ -609,6 +611,8 @@ Flags:
                         to come back (default: 10m)
   --join-settle D       elastic: once MIN nodes joined, how long no newcomer must come before
                         the job starts (default: 3s)
+  --scale-up-interval D elastic: a node that comes while the job runs is taken in by a
+                        restart of every node, at most once per D (default: 1m)
   --prefix              put "[rank N] " before each output line (the default)
   --no-prefix           forward output lines as they are
   --ranks LIST          show only these ranks' output, e.g. 0,2,3; 'all' shows every

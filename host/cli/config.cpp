@@ -41,6 +41,7 @@ void Settings::merge(const Settings& over) {
   if (over.nnodes) nnodes_min = over.nnodes_min;  // "4" over "2:4" is a fixed count again
   take(nnodes, over.nnodes);
   take(join_settle, over.join_settle);
+  take(scale_up_interval, over.scale_up_interval);
   take(node_rank, over.node_rank);
   take(max_restarts, over.max_restarts);
   take(node_timeout, over.node_timeout);
@@ -273,6 +274,7 @@ constexpr KeyDoc kTopKeys[] = {
     {"max_restarts", "an integer from 0 to 1000", "max_restarts = 3"},
     {"nnodes", "a positive integer (the number of nodes), or \"MIN:MAX\" for an elastic job", "nnodes = 2"},
     {"join_settle", "a duration: once MIN nodes of an elastic job joined, how long no newcomer must come", "join_settle = \"3s\""},
+    {"scale_up_interval", "a duration: the least time between two restarts of an elastic job that take nodes in", "scale_up_interval = \"1m\""},
     {"node_rank", "a non-negative integer (this node's rank, below nnodes)", "node_rank = 0"},
     {"node_timeout", "a whole number of seconds, at least 1, or a duration string", "node_timeout = \"30s\""},
     {"join_timeout", "a whole number of seconds, at least 1, or a duration string", "join_timeout = \"10m\""},
@@ -460,6 +462,8 @@ class ConfigReader {
       }
     } else if (name == "join_settle") {
       s.join_settle = duration(node, name, doc);
+    } else if (name == "scale_up_interval") {
+      s.scale_up_interval = duration(node, name, doc);
     } else if (name == "node_rank") {
       s.node_rank = static_cast<int>(integer(node, name, doc, 0, INT_MAX));
     } else if (name == "node_timeout" || name == "join_timeout") {

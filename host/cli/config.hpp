@@ -53,6 +53,7 @@ struct Settings {
   std::optional<int> nnodes;                     // nodes in the job (torchrun's --nnodes); MAX of MIN:MAX
   std::optional<int> nnodes_min;                 // MIN of --nnodes MIN:MAX; unset: exactly nnodes (set with nnodes)
   std::optional<std::chrono::milliseconds> join_settle;  // elastic: the quiet time after MIN joined
+  std::optional<std::chrono::milliseconds> scale_up_interval;  // elastic: the least time between two restarts that take nodes in
   std::optional<int> node_rank;                  // this node's rank among them (GROUP_RANK)
   std::optional<std::chrono::seconds> node_timeout;  // another node silent this long is lost
   std::optional<std::chrono::seconds> join_timeout;  // how long the nodes may take to join

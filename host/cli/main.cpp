@@ -126,6 +126,7 @@ LaunchSpec make_spec(const HostOptions& opts, ClusterResolution& cluster) {
   if (s.nnodes) spec.nnodes = *s.nnodes;
   if (s.nnodes_min) spec.nnodes_min = *s.nnodes_min;
   if (s.join_settle) spec.join_settle = *s.join_settle;
+  if (s.scale_up_interval) spec.scale_up_interval = *s.scale_up_interval;
   if (s.node_rank) spec.node_rank = *s.node_rank;
   // An elastic job's nodes but node 0 may leave their rank to node 0.
   else if (spec.nnodes_min > 0) spec.node_rank = -1;

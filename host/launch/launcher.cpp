@@ -405,16 +405,19 @@ RunReport Launcher::run() {
   }
 
   // The store of rank 0 serves master_port on node 0 only: the other nodes just connect there.
+  // An elastic job's node 0 keeps listening on master_port for nodes that come while the job
+  // runs, so its store takes a free port of its own, which the welcome tells every node.
+  const bool elastic = spec.nnodes > 1 && spec.nnodes_min > 0;
   detail::PortReservation port;
   if (spec.node_rank == 0) {
     try {
-      port = detail::PortReservation::reserve(spec.master_port);
+      port = detail::PortReservation::reserve(elastic ? 0 : spec.master_port);
     } catch (const std::system_error& e) {
       throw LaunchError(std::string(e.what()) + (spec.nnodes > 1 ? "; pick another --master-port and give it to every node"
                                                                  : "; pick another --master-port, or 0 for a free one"));
     }
   }
-  const int master_port = spec.node_rank == 0 ? port.port() : spec.master_port;
+  int master_port = spec.node_rank == 0 ? port.port() : spec.master_port;
 
   // From here on run.json says the run is on, and which process runs it: `airhost runs` shows
   // it running, `airhost logs` can follow it, and a host that dies before the end is seen as
@@ -438,7 +441,9 @@ RunReport Launcher::run() {
     config.join_settle = spec.join_settle;
     config.nprocs = spec.nprocs;
     config.master_addr = spec.master_addr;
-    config.master_port = master_port;
+    config.master_port = elastic ? spec.master_port : master_port;
+    if (elastic && spec.node_rank == 0) config.store_port = master_port;
+    config.scale_up_interval = spec.scale_up_interval;
     config.node_timeout = spec.node_timeout;
     config.join_timeout = spec.join_timeout;
     config.max_restarts = spec.max_restarts;
@@ -486,6 +491,7 @@ RunReport Launcher::run() {
     // follow them.
     spec.node_rank = link->node_rank();
     spec.nnodes = link->nnodes();
+    if (link->store_port() > 0) master_port = link->store_port();
     // Stacks across nodes: node 0's requests reach the supervisor of this node's attempt under
     // way; a node between two attempts has no ranks to show, and node 0 names it as silent.
     link->handle_stacks({[this](unsigned seq, const std::string& only) {
@@ -498,7 +504,7 @@ RunReport Launcher::run() {
                          }});
     link->start([this](const detail::NodeDown& down) {
       std::lock_guard lock(impl_->mutex);
-      if (down.lost) impl_->node_lost_attempt = down.attempt;
+      if (down.lost || down.grow) impl_->node_lost_attempt = down.attempt;
       if (impl_->pending_abort.empty() || impl_->pending_abort_attempt != down.attempt)
         impl_->pending_abort = down.message, impl_->pending_abort_attempt = down.attempt,
         impl_->pending_abort_timed_out = down.timed_out && !down.cascade, impl_->pending_abort_hung = down.hung;

@@ -70,6 +70,9 @@ struct LaunchSpec {
   std::chrono::milliseconds join_settle{3000};  // elastic: once nnodes_min nodes joined, how long
                                           // no newcomer must come before the job starts (at once
                                           // when nnodes joined)
+  std::chrono::milliseconds scale_up_interval{60000};  // elastic: a node that comes while the job
+                                          // runs is taken in by a restart of the group, at most once
+                                          // this often
   std::chrono::seconds node_timeout{30};  // several nodes: another node silent this long is lost,
                                           // and this node's ranks are stopped (exit 138); a node
                                           // whose airhost exits or is killed is lost at once

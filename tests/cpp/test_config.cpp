@@ -373,6 +373,7 @@ TEST_CASE("configs/default.toml is valid and matches the built-in defaults") {
   CHECK(s.join_timeout == spec.join_timeout);
   CHECK_FALSE(s.nnodes_min);
   CHECK(s.join_settle == spec.join_settle);
+  CHECK(s.scale_up_interval == spec.scale_up_interval);
   CHECK(s.warm == true);
   CHECK_FALSE(s.preload);
   CHECK(s.preflight == false);

@@ -199,3 +199,41 @@ def test_below_min_a_new_node_without_a_rank_takes_the_lost_ones_place(airhost, 
                      r"ranks as restart 1", runs[2].err), runs[2].err
     assert "attempt 1: resumed from step-000015 at step 15" in runs[0].out, runs[0].out
     assert "finished 30 steps" in runs[0].out
+
+
+# ---- a node that comes ----------------------------------------------------------------------
+
+
+def test_a_node_that_comes_while_the_job_runs_is_taken_in_by_a_restart_of_the_group(airhost, tmp_path):
+    # 2 nodes of 2:3 run; a third host comes (no --node-rank). Node 0 takes it in once
+    # --scale-up-interval has passed: every node stops its ranks, and the group of 3 starts as
+    # restart 1 (not counted against --max-restarts 0), the new node as node 2.
+    d = tmp_path / "grow"
+    d.mkdir()
+    port = free_port()
+
+    def host(*ranked):
+        return airhost.start(script("grow_until.py"), "-n", "1", "--nnodes", "2:3", *ranked, "--master-addr",
+                             "127.0.0.1", "--master-port", str(port), "--join-settle", "1s", "--scale-up-interval",
+                             "1s", "--join-timeout", "60", "--node-timeout", "5", "--grace", "2", "--", d, "3")
+    first = [host("--node-rank", "0"), host()]
+    wait_for(lambda: len(list(d.glob("ready-0-*"))) == 2, 60, "both ranks of the first group running")
+    third = host()
+    runs = [h.finish(timeout=90) for h in (*first, third)]
+    for run in runs:
+        run.assert_rc(0)
+        assert run.run_json["nnodes"] == 3 and run.run_json["restarts"] == 1, run.run_json
+    assert [run.run_json["node_rank"] for run in runs] == [0, 1, 2]
+    assert re.search(r"node 0 of 2: node 2 \(.*\) came; it joins the group at its next restart", runs[0].err), runs[0].err
+    assert re.search(r"node 0 of 3: node 2 \(.*\) joined the group: restart 1 with 3 nodes", runs[0].err), runs[0].err
+    assert re.search(r"came to the job: every node restarts its ranks to take it in \(--nnodes 2:3\).*not counted "
+                     r"against --max-restarts 0", runs[1].err), runs[1].err
+    ports = set()
+    for run, rank in zip(runs, (0, 1, 2)):
+        lines = [l.decode() for l in run.console()[rank]]
+        m = re.fullmatch(rf"attempt 1 rank {rank} world 3 nodes 3 port (\d+)", lines[-2])
+        assert m and lines[-1] == "sum 3", lines
+        ports.add(int(m.group(1)))
+    # One store for every node, and not on --master-port, which node 0's airhost keeps for nodes
+    # that come.
+    assert len(ports) == 1 and port not in ports, ports

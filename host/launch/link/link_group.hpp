@@ -32,6 +32,7 @@ struct NodeDown {
                            // the other nodes end theirs the same way (exit 124)
   bool hung = false;       // ... because its hang watch found no progress (--on-hang stop)
   bool lost = false;       // the node itself was lost (its airhost gone or silent), not its ranks' error
+  bool grow = false;       // node 0 of an elastic job stops the group to take in nodes that came
 };
 
 class GroupState {

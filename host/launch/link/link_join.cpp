@@ -497,6 +497,7 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
   JoinedGroup group;
   group.nnodes = static_cast<int>(joined.size()) + 1;
   group.node_rank = 0;
+  group.store_port = cfg.store_port;
   group.nodes.resize(static_cast<std::size_t>(group.nnodes));
   group.nodes[0] = self;
   // By node rank; an elastic job's nodes without one after those with one, in the order they
@@ -515,7 +516,8 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
     // and the link's thread, finding it closed, reports the node lost at once.
     (void)p.conn.send(link_frame(LinkKind::welcome, {{"host", self.host},
                                                      {"nodes", std::to_string(group.nnodes)},
-                                                     {"node_rank", std::to_string(p.node.node_rank)}}));
+                                                     {"node_rank", std::to_string(p.node.node_rank)},
+                                                     {"store_port", std::to_string(cfg.store_port)}}));
   }
   group.peers = std::move(joined);
   if (elastic)
@@ -668,6 +670,7 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
             throw NodeJoinError("node 0 at " + where + " welcomed this node as node " + fields["node_rank"] + " of " +
                                 fields["nodes"] + ", which does not fit --nnodes " + std::to_string(cfg.nnodes) +
                                 "; install the same airhost version on every node");
+          group.store_port = int_field(fields["store_port"], 0);
           group.nodes.resize(static_cast<std::size_t>(group.nnodes));
           for (int r = 0; r < group.nnodes; ++r) group.nodes[static_cast<std::size_t>(r)].node_rank = r;
           NodeHello zero;
@@ -833,7 +836,9 @@ std::vector<LinkPeer> RejoinDesk::take(const std::vector<int>& wanted) {
         for (int n : wanted)
           if (std::none_of(back.begin(), back.end(), [n](const LinkPeer& b) { return b.node.node_rank == n; }))
             open.push_back(n);
-        if (open.empty()) problem = "the job has all the nodes it lost back";
+        if (open.empty())
+          problem = "the job has all the nodes it can take now (--nnodes " + std::to_string(d.self.nnodes_min) + ":" +
+                    std::to_string(d.self.nnodes) + ")";
         else p.hello->node_rank = open.front();
       } else if (problem.empty() && std::find(wanted.begin(), wanted.end(), p.hello->node_rank) == wanted.end())
         problem = "node " + std::to_string(p.hello->node_rank) + " of this job is still in it; only a node that was "

@@ -22,6 +22,11 @@ struct NodeLinkConfig {
   int nnodes = 1;       // an elastic job: MAX
   int nnodes_min = 0;   // an elastic job (--nnodes MIN:MAX): MIN; 0: exactly nnodes. node_rank -1: node 0 numbers this one
   std::chrono::milliseconds join_settle{3000};  // elastic: node 0 starts the job once MIN joined and none came for this long
+  std::chrono::milliseconds scale_up_interval{60000};  // elastic: the least time between two restarts that take nodes in
+  // An elastic job's node 0: the port of rank 0's store, which is not master_port (node 0's
+  // airhost keeps listening there for nodes that come while the job runs). Sent to every node
+  // with its welcome. 0: master_port, as for a fixed count.
+  int store_port = 0;
   int nprocs = 1;
   int max_restarts = 0;                   // every node must be given the same (checked at the join)
   std::string master_addr;               // node 0's address, as the ranks get it
@@ -71,6 +76,7 @@ struct JoinedGroup {
   std::vector<NodeHello> nodes;
   std::vector<LinkPeer> peers;
   int nnodes = 0;      // the nodes in the group (an elastic job: those that came, MIN to MAX)
+  int store_port = 0;  // where rank 0's store listens (an elastic job's: node 0's choice); 0: master_port
   int node_rank = -1;  // this node's rank in it (an elastic job: as node 0 numbered the nodes)
   int attempt = 0;  // a node that came back to a job: the attempt every node starts next
 };

@@ -80,6 +80,7 @@ struct NodeLink::Impl {
         me(joined.node_rank >= 0 ? joined.node_rank : config.node_rank),
         group_size(joined.nnodes > 0 ? joined.nnodes : config.nnodes),
         group(group_size, me) {
+    store_port = joined.store_port;
     nodes = std::move(joined.nodes);
     attempt = joined.attempt;
     for (auto& p : joined.peers) peers.push_back({std::move(p.node), std::move(p.conn), 0, Clock::now()});
@@ -122,6 +123,15 @@ struct NodeLink::Impl {
   std::unique_ptr<RejoinDesk> desk;
   Clock::time_point rejoin_deadline{};
   std::set<int> came_back;  // nodes that came back in this wait: they get a welcome, not "restart"
+  // Node 0 of an elastic job: its desk listens for the whole run (rank 0's store has a port of
+  // its own); the nodes that came while the job ran, taken in at the next restart; those taken
+  // in, peers from the loop's next turn; when the group last started; whether a restart to
+  // take nodes in was asked for in this attempt. The link's thread alone.
+  std::vector<LinkPeer> newcomers;
+  std::vector<Peer> joining;
+  Clock::time_point last_group_start = Clock::now();
+  bool grow_asked = false;
+  int store_port = 0;  // where rank 0's store listens (JoinedGroup::store_port)
 
   // Node 0: sends shared_file to every node once it exists (and to a node that came back).
   void send_shared_file() {
@@ -203,6 +213,7 @@ struct NodeLink::Impl {
                                        {"timed_out", d.timed_out ? "1" : "0"},
                                        {"hung", d.hung ? "1" : "0"},
                                        {"lost", d.lost ? "1" : "0"},
+                                       {"grow", d.grow ? "1" : "0"},
                                        {"attempt", std::to_string(of_attempt)}});
   }
 
@@ -295,6 +306,7 @@ struct NodeLink::Impl {
         d.timed_out = fields["timed_out"] == "1";
         d.hung = fields["hung"] == "1";
         d.lost = fields["lost"] == "1";
+        d.grow = fields["grow"] == "1";
         report(to_int(fields["attempt"], 0), d, from, &p);  // no attempt: a peer before attempts, so 0
         break;
       }
@@ -389,26 +401,114 @@ struct NodeLink::Impl {
       std::lock_guard lock(m);
       if (group.decision(of)) return;
       restart = group.restart_agreed(of);  // the lost nodes may have come back meanwhile
+    }
+    // The nodes that came are numbered before the decision is published: the launcher reads the
+    // group's size and its rank as soon as it hears "restart".
+    std::vector<NodeHello> grown = nodes;
+    const int k = restart ? number_newcomers(group_size, grown) : group_size;
+    {
+      std::lock_guard lock(m);
+      if (group.decision(of)) return;
+      if (restart && k != group_size) {
+        group_size = k;
+        group.regroup(k, 0);
+        nodes = std::move(grown);
+      }
       group.decide(of, restart);
       if (restart) attempt = of + 1;
     }
-    desk.reset();  // the port is rank 0's store's again
+    rejoin_deadline = {};
+    if (cfg.nnodes_min == 0) desk.reset();  // the port is rank 0's store's again (an elastic job's store has its own)
     cv.notify_all();
-    const std::string f = restart ? link_frame(LinkKind::restart, {{"attempt", std::to_string(of + 1)}})
-                                  : link_frame(LinkKind::final, {{"attempt", std::to_string(of)}});
-    // A node that came back hears its place in the group: an elastic job's node gave no rank.
-    auto welcome = [&](int node) {
-      return link_frame(LinkKind::welcome, {{"host", nodes[0].host},
+    if (restart) welcome_newcomers(of);
+    // An elastic job's restart says the group's size and each node's rank (nodes came or went).
+    auto restart_frame = [&](int node) {
+      if (cfg.nnodes_min == 0) return link_frame(LinkKind::restart, {{"attempt", std::to_string(of + 1)}});
+      return link_frame(LinkKind::restart, {{"attempt", std::to_string(of + 1)},
                                             {"nodes", std::to_string(group_size)},
-                                            {"node_rank", std::to_string(node)},
-                                            {"attempt", std::to_string(of + 1)}});
+                                            {"node_rank", std::to_string(node)}});
     };
+    const std::string final_frame = link_frame(LinkKind::final, {{"attempt", std::to_string(of)}});
     for (auto& p : peers) {
       if (is_gone(p)) continue;
-      send_to(p, restart && came_back.count(p.node.node_rank) ? welcome(p.node.node_rank) : f);
+      send_to(p, !restart ? final_frame
+                          : came_back.count(p.node.node_rank) ? welcome(p.node.node_rank, of + 1)
+                                                              : restart_frame(p.node.node_rank));
     }
     came_back.clear();
     if (restart) send_shared_file();
+  }
+
+  // A node that joins a group under way (it came back, or came to an elastic job) hears its
+  // place in it, the attempt it starts with the others, and where rank 0's store is.
+  std::string welcome(int node, int of_attempt) const {
+    return link_frame(LinkKind::welcome, {{"host", nodes[0].host},
+                                          {"nodes", std::to_string(group_size)},
+                                          {"node_rank", std::to_string(node)},
+                                          {"attempt", std::to_string(of_attempt)},
+                                          {"store_port", std::to_string(store_port)}});
+  }
+
+  // Node 0 of an elastic job, at a restart: the nodes that came meanwhile join the group as its
+  // last ranks, after the `base` nodes it has, up to MAX (`into` gets their hellos). Returns the
+  // group's new size; welcome_newcomers() then tells them.
+  int number_newcomers(int base, std::vector<NodeHello>& into) {
+    int k = base;
+    for (auto& n : newcomers) {
+      n.node.node_rank = -1;
+      if (!n.conn.is_open() || k >= cfg.nnodes) continue;
+      n.node.node_rank = k++;
+      into.push_back(n.node);
+    }
+    return k;
+  }
+
+  // ... and once the restart of attempt `of` is decided: each numbered newcomer hears its
+  // welcome, and becomes a peer at the loop's next turn (this may run while the loop reads the
+  // others). The rest (past MAX, or gone) are let go.
+  void welcome_newcomers(int of) {
+    std::string listed;
+    for (auto& n : newcomers) {
+      if (!n.conn.is_open() || n.node.node_rank < 0) continue;
+      listed += (listed.empty() ? "" : ", ") + describe_node(n.node);
+      (void)n.conn.send(welcome(n.node.node_rank, of + 1));
+      joining.push_back(Peer{n.node, std::move(n.conn), 0, Clock::now()});
+    }
+    newcomers.clear();
+    last_group_start = Clock::now();
+    grow_asked = false;
+    if (!listed.empty())
+      say(listed + " joined the group: restart " + std::to_string(of + 1) + " with " + std::to_string(group_size) +
+          " nodes");
+  }
+
+  // Node 0 of an elastic job while it runs: takes in the nodes that come, up to MAX, and once
+  // scale_up_interval has passed since the group last started, asks every node to stop its
+  // ranks so that the group restarts with them (an attempt that is ending anyway takes them in
+  // at its own restart).
+  void grow_check() {
+    if (!desk || cfg.nnodes_min == 0 || rejoin_deadline != Clock::time_point{}) return;
+    std::vector<int> slots;
+    for (int r = group_size + static_cast<int>(newcomers.size()); r < cfg.nnodes; ++r) slots.push_back(r);
+    for (auto& n : desk->take(slots)) {
+      say(describe_node(n.node) + " came; it joins the group at its next restart");
+      n.node.node_rank = -1;  // numbered when it is taken in
+      newcomers.push_back(std::move(n));
+    }
+    if (newcomers.empty() || grow_asked || Clock::now() - last_group_start < cfg.scale_up_interval) return;
+    {
+      std::lock_guard lock(m);
+      if (group.any_down(attempt) || group.decision(attempt)) return;
+    }
+    grow_asked = true;
+    std::string listed;
+    for (std::size_t i = 0; i < newcomers.size(); ++i)
+      listed += (i ? (i + 1 == newcomers.size() ? " and " : ", ") : "") + describe_node(newcomers[i].node);
+    NodeDown d{0, listed + (newcomers.size() > 1 ? " came" : " came") + " to the job: every node restarts its ranks to "
+                  "take " + (newcomers.size() > 1 ? "them" : "it") + " in (--nnodes " + std::to_string(cfg.nnodes_min) +
+                  ":" + std::to_string(cfg.nnodes) + ")", false};
+    d.grow = true;
+    report(attempt, d, me, nullptr);
   }
 
   // Node 0 of an elastic job, after attempt `of` failed with `lost` nodes gone, every other node
@@ -429,6 +529,7 @@ struct NodeLink::Impl {
       p.node.node_rank = next++;
       now.push_back(p.node);
     }
+    next = number_newcomers(next, now);  // before the decision is published (decide_if_all_stopped)
     {
       std::lock_guard lock(m);
       if (group.decision(of)) return;
@@ -438,17 +539,18 @@ struct NodeLink::Impl {
       group.regroup(next, 0);
       nodes = std::move(now);
     }
-    desk.reset();
+    rejoin_deadline = {};
     cv.notify_all();
     std::string listed;
     for (std::size_t i = 0; i < names.size(); ++i) listed += (i ? (i + 1 == names.size() ? " and " : ", ") : "") + names[i];
+    welcome_newcomers(of);
     say(listed + (names.size() > 1 ? " were" : " was") + " lost; the job goes on with " +
-        std::to_string(next) + " nodes (--nnodes " + std::to_string(cfg.nnodes_min) + ":" + std::to_string(cfg.nnodes) +
+        std::to_string(group_size) + " nodes (--nnodes " + std::to_string(cfg.nnodes_min) + ":" + std::to_string(cfg.nnodes) +
         "): restart " + std::to_string(of + 1) + ", a node's loss, not counted against --max-restarts");
     for (auto& p : peers)
       if (!p.dropped)
         send_to(p, link_frame(LinkKind::restart, {{"attempt", std::to_string(of + 1)},
-                                                  {"nodes", std::to_string(next)},
+                                                  {"nodes", std::to_string(group_size)},
                                                   {"node_rank", std::to_string(p.node.node_rank)}}));
     send_shared_file();
   }
@@ -460,12 +562,14 @@ struct NodeLink::Impl {
   // agreed), or join_timeout passed, or the port cannot be had (the job then ends).
   bool rejoin_wait(int of, const std::vector<int>& lost_nodes) {
     const auto now = Clock::now();
-    if (!desk) {
-      try {
-        desk = std::make_unique<RejoinDesk>(cfg);
-      } catch (const std::exception& e) {
-        say(std::string(e.what()) + "; the job cannot wait for the lost node(s) to come back");
-        return false;
+    if (rejoin_deadline == Clock::time_point{}) {
+      if (!desk) {
+        try {
+          desk = std::make_unique<RejoinDesk>(cfg);
+        } catch (const std::exception& e) {
+          say(std::string(e.what()) + "; the job cannot wait for the lost node(s) to come back");
+          return false;
+        }
       }
       rejoin_deadline = now + cfg.join_timeout;
       std::string names;
@@ -545,8 +649,12 @@ struct NodeLink::Impl {
     std::vector<pollfd> fds;
     const std::string beat = link_frame(LinkKind::heartbeat);
     for (;;) {
-      // The lost nodes an elastic job went on without (go_on_without), now that no turn reads them.
+      // The lost nodes an elastic job went on without (go_on_without), and the nodes it took in
+      // (welcome_newcomers), now that no turn reads the peers.
       std::erase_if(peers, [](const Peer& p) { return p.dropped; });
+      for (auto& p : joining) peers.push_back(std::move(p));
+      joining.clear();
+      if (hub()) grow_check();
       std::vector<std::string> frames;
       bool stopping;
       {
@@ -664,6 +772,7 @@ NodeLink::~NodeLink() = default;
 const std::vector<NodeHello>& NodeLink::nodes() const { return impl_->nodes; }
 
 int NodeLink::attempt() const { return impl_->attempt; }
+int NodeLink::store_port() const { return impl_->store_port; }
 int NodeLink::node_rank() const {
   std::lock_guard lock(impl_->m);
   return impl_->me;
@@ -788,6 +897,14 @@ std::optional<NodeDown> NodeLink::finish(milliseconds limit) {
 
 std::unique_ptr<NodeLink> NodeLink::join(const NodeLinkConfig& config, const std::function<bool()>& cancelled) {
   auto impl = std::make_unique<Impl>(config, join_group(config, cancelled));
+  if (impl->hub() && config.nnodes_min > 0) {
+    // An elastic job's node 0 listens for the whole run: a node that comes is taken in.
+    try {
+      impl->desk = std::make_unique<RejoinDesk>(config);
+    } catch (const std::exception& e) {
+      impl->say(std::string(e.what()) + "; nodes that come while the job runs cannot be taken in");
+    }
+  }
   impl->heartbeat = config.heartbeat.count() > 0
                         ? config.heartbeat
                         : std::clamp(config.node_timeout / 3, milliseconds(100), milliseconds(1000));

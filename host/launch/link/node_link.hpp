@@ -131,6 +131,9 @@ class NodeLink {
   // job's as node 0 numbered the nodes that came (--nnodes MIN:MAX).
   int node_rank() const;
   int nnodes() const;
+  // Where rank 0's store listens: 0 for master_port (a fixed count); an elastic job's own port,
+  // chosen by node 0, the same for every attempt.
+  int store_port() const;
 
   // Every node, by node rank (this one's address empty), once joined.
   const std::vector<NodeHello>& nodes() const;
