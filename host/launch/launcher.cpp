@@ -350,6 +350,7 @@ struct Launcher::Impl {
   int pending_abort_attempt = 0;  // ... in which attempt: a report of the next one waits for it
   bool pending_abort_timed_out = false, pending_abort_hung = false;  // ... as a timeout or a hang (NodeDown)
   int node_lost_attempt = -1;  // the last attempt in which another node was lost (its airhost gone or silent)
+  bool node_came = false;      // ... or, in an elastic job, node 0 stopped it to take nodes in
   bool ran = false;
 };
 
@@ -504,7 +505,7 @@ RunReport Launcher::run() {
                          }});
     link->start([this](const detail::NodeDown& down) {
       std::lock_guard lock(impl_->mutex);
-      if (down.lost || down.grow) impl_->node_lost_attempt = down.attempt;
+      if (down.lost || down.grow) impl_->node_lost_attempt = down.attempt, impl_->node_came = down.grow;
       if (impl_->pending_abort.empty() || impl_->pending_abort_attempt != down.attempt)
         impl_->pending_abort = down.message, impl_->pending_abort_attempt = down.attempt,
         impl_->pending_abort_timed_out = down.timed_out && !down.cascade, impl_->pending_abort_hung = down.hung;
@@ -666,10 +667,15 @@ RunReport Launcher::run() {
                        std::to_string(event.restart) + " of " + std::to_string(event.max_restarts) + ")";
     if (elastic_restart) {
       ++free_restarts;
+      bool came;
+      {
+        std::lock_guard lock(impl_->mutex);
+        came = impl_->node_came;
+      }
       line = report.message + "; the job goes on with " + std::to_string(spec.nnodes) + " node(s), this one node " +
              std::to_string(spec.node_rank) + ": restarting its " + std::to_string(spec.nprocs) + " rank(s) as restart " +
-             std::to_string(event.restart) + " (a node's loss: not counted against --max-restarts " +
-             std::to_string(spec.max_restarts) + ")";
+             std::to_string(event.restart) + " (" + (came ? "nodes came" : "a node's loss") +
+             ": not counted against --max-restarts " + std::to_string(spec.max_restarts) + ")";
     }
     if (impl_->callbacks.on_restart) impl_->callbacks.on_restart(event), out.log(line);
     else out.say(line);

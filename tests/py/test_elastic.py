@@ -5,6 +5,9 @@ are numbered by node 0 in the order they came, and every rank's RANK, WORLD_SIZE
 and GROUP_WORLD_SIZE follow the group that formed. Too few nodes is 138 after --join-timeout,
 and nodes that disagree on the range are refused before anything starts."""
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -226,8 +229,8 @@ def test_a_node_that_comes_while_the_job_runs_is_taken_in_by_a_restart_of_the_gr
     assert [run.run_json["node_rank"] for run in runs] == [0, 1, 2]
     assert re.search(r"node 0 of 2: node 2 \(.*\) came; it joins the group at its next restart", runs[0].err), runs[0].err
     assert re.search(r"node 0 of 3: node 2 \(.*\) joined the group: restart 1 with 3 nodes", runs[0].err), runs[0].err
-    assert re.search(r"came to the job: every node restarts its ranks to take it in \(--nnodes 2:3\).*not counted "
-                     r"against --max-restarts 0", runs[1].err), runs[1].err
+    assert re.search(r"came to the job: every node restarts its ranks to take it in \(--nnodes 2:3\).*\(nodes came: "
+                     r"not counted against --max-restarts 0\)", runs[1].err), runs[1].err
     ports = set()
     for run, rank in zip(runs, (0, 1, 2)):
         lines = [l.decode() for l in run.console()[rank]]
@@ -237,3 +240,35 @@ def test_a_node_that_comes_while_the_job_runs_is_taken_in_by_a_restart_of_the_gr
     # One store for every node, and not on --master-port, which node 0's airhost keeps for nodes
     # that come.
     assert len(ports) == 1 and port not in ports, ports
+
+
+def test_while_the_job_runs_an_impostor_is_refused_and_costs_no_restart(airhost, tmp_path):
+    # Node 0's port stays open for the whole run of an elastic job: a host without the job's
+    # token is refused there, naming its address, and the group runs on; the real third node,
+    # holding the token, is taken in.
+    d = tmp_path / "grow"
+    d.mkdir()
+    port = free_port()
+    token = {"AIRHOST_JOIN_TOKEN": "s3cret-of-this-job"}
+
+    def host(*ranked):
+        return airhost.start(script("grow_until.py"), "-n", "1", "--nnodes", "2:3", *ranked, "--master-addr",
+                             "127.0.0.1", "--master-port", str(port), "--join-settle", "1s", "--scale-up-interval",
+                             "1s", "--join-timeout", "60", "--node-timeout", "5", "--grace", "2", "--", d, "3",
+                             env=token)
+    first = [host("--node-rank", "0"), host()]
+    wait_for(lambda: len(list(d.glob("ready-0-*"))) == 2, 60, "both ranks of the first group running")
+    impostor = subprocess.run([sys.executable, script("join_impostor.py"), str(port)], capture_output=True, text=True,
+                              timeout=30)
+    assert impostor.stdout.strip() == "answer kind 3", impostor  # refused, not welcomed
+    time.sleep(1.5)  # past --scale-up-interval: an impostor taken in would restart the group now
+    assert not list(d.glob("ready-1-*")), "the group restarted for the impostor"
+    third = host()
+    runs = [h.finish(timeout=90) for h in (*first, third)]
+    for run in runs:
+        run.assert_rc(0)
+        assert run.run_json["nnodes"] == 3 and run.run_json["restarts"] == 1, run.run_json
+    refused = [l for l in runs[0].err.splitlines() if "refused a join" in l]
+    assert refused == ["airhost: node 0 of 2:3: refused a join from 127.0.0.1 as node 1: it holds no join token "
+                       "(a node started without one, or not one of this job's)"], runs[0].err
+    assert re.search(r"node 0 of 2: node 2 \(.*\) came; it joins the group at its next restart", runs[0].err), runs[0].err
