@@ -328,6 +328,21 @@ def test_two_slurm_nodes_make_one_world(slurm, airhost):
     assert "airhost is running in a 2-node Slurm allocation but outside srun" in r.stderr
 
 
+def test_an_elastic_job_under_slurm_takes_its_node_ranks_and_master_from_slurm(slurm, airhost):
+    """#35: srun -N2 of an airhost given --nnodes 2:4: node 0 (SLURM_NODEID 0, the first host of
+    the step) starts the job with the 2 nodes once none came for --join-settle, the ranks'
+    store on a port of its own (node 0 keeps Slurm's for nodes that come)."""
+    if len(slurm.nodes) < 2:
+        pytest.skip(f"one Slurm node only: {slurm.why_one_node}")
+    r = srun(slurm, airhost, "srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "airhost",
+             script("allreduce.py"), "-n", "2", "--nnodes", "2:4", "--join-settle", "1s", timeout=100)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for rank in range(4):
+        assert re.search(rf"^\[rank {rank}\] rank {rank} MASTER_PORT=\d+ sum=10$", r.stdout, re.M), r.stdout + r.stderr
+    assert re.search(r"node 0 of 2:4: 2 nodes joined \(--nnodes 2:4\): node 1 \(n2, [0-9.]+\); starting the ranks",
+                     r.stderr), r.stderr
+
+
 def test_deploy_slurm_train_sbatch_runs_as_written_but_for_its_gpus(slurm, airhost):
     """deploy/slurm/train.sbatch itself, with the GPUs and CPUs this machine lacks overridden
     on sbatch's command line (which wins over #SBATCH lines)."""
