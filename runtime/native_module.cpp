@@ -115,6 +115,17 @@ py::dict report_to_dict(const RunReport& r) {
   d["wall_seconds"] = r.wall_seconds;
   d["restarts"] = r.restarts;
   d["failed_attempts"] = r.failed_attempts;
+  py::list attempts;
+  for (const auto& a : r.attempts) {
+    py::dict ad;
+    ad["attempt"] = a.attempt;
+    ad["nnodes"] = a.nnodes;
+    ad["node_rank"] = a.node_rank;
+    ad["nodes"] = a.nodes;
+    ad["began"] = a.began;
+    attempts.append(ad);
+  }
+  d["attempts"] = attempts;
   d["incomplete_logs"] = r.incomplete_logs;
   d["warm"] = r.warm;
   d["start_mode"] = r.start_mode;

@@ -159,6 +159,19 @@ int show_run(const RunRecord& r, bool json) {
   if (r.host_pid) std::printf("host:      pid %d on %s\n", r.host_pid, r.hostname.empty() ? "?" : r.hostname.c_str());
   if (!r.scheduler_job_id.empty()) std::printf("slurm job: %s\n", r.scheduler_job_id.c_str());
   if (r.restarts) std::printf("restarts:  %d\n", r.restarts);
+  // Each attempt's group, when nodes came or went between them (an elastic job), or restarts.
+  bool regrouped = false;
+  for (const auto& a : r.attempts) regrouped = regrouped || a.nnodes != r.attempts.front().nnodes;
+  if (r.attempts.size() > 1 || regrouped)
+    for (const auto& a : r.attempts) {
+      std::printf("attempt %d: %d node(s), this one node %d", a.attempt, a.nnodes, a.node_rank);
+      if (!a.nodes.empty()) {
+        std::string names;
+        for (std::size_t k = 0; k < a.nodes.size(); ++k) names += (k ? ", " : "") + a.nodes[k];
+        std::printf(" (%s)", names.c_str());
+      }
+      std::printf("; began: %s\n", a.began.c_str());
+    }
   if (r.bytes) std::printf("size:      %s%s\n", bytes_text(static_cast<double>(*r.bytes)).c_str(),
                           r.kept ? " (kept: never pruned)" : "");
   if (!r.hang.empty()) std::printf("hang:      %s\n", r.hang.c_str());

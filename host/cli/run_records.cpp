@@ -96,6 +96,15 @@ RunRecord parse_run_record(const std::string& dir, const std::string& json_text)
   r.ended_at = j["ended_at"].num();
   r.wall_seconds = j["wall_seconds"].num();
   r.restarts = static_cast<int>(j["restarts"].integer());
+  for (const auto& a : j["attempts"].items()) {
+    RunRecord::Attempt at;
+    at.attempt = static_cast<int>(a["attempt"].integer());
+    at.nnodes = static_cast<int>(a["nnodes"].integer(1));
+    at.node_rank = static_cast<int>(a["node_rank"].integer());
+    for (const auto& n : a["nodes"].items()) at.nodes.push_back(n.str());
+    at.began = a["began"].str();
+    r.attempts.push_back(std::move(at));
+  }
   r.host_pid = static_cast<int>(j["host_pid"].integer());
   r.host_start_ticks = static_cast<std::uint64_t>(j["host_start_ticks"].num());
   r.hostname = j["hostname"].str();

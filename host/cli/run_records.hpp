@@ -45,6 +45,12 @@ struct RunRecord {
   double ended_at = 0;         // 0 = not ended (or not recorded)
   double wall_seconds = 0;
   int restarts = 0;
+  struct Attempt {
+    int attempt = 0, nnodes = 1, node_rank = 0;
+    std::vector<std::string> nodes;
+    std::string began;
+  };
+  std::vector<Attempt> attempts;  // run.json "attempts": each attempt's group and why it began
   int host_pid = 0;
   std::uint64_t host_start_ticks = 0;
   std::string hostname;

@@ -91,6 +91,17 @@ try:
 except Exception as e:
     print("airhost: could not set MLflow run %s to %s: %s" % (run_id, status, e), file=sys.stderr, flush=True)
     sys.exit(1)
+# Each attempt's group and why it began (run.json, written before the status), when the group
+# changed or restarted: an elastic job's nodes come and go between attempts.
+try:
+    import json
+    with open(os.path.join(os.path.dirname(path), "run.json")) as f:
+        attempts = json.load(f).get("attempts", [])
+    if len(attempts) > 1:
+        client.set_tag(run_id, "airhost.attempts", json.dumps(attempts)[:5000])
+        client.set_tag(run_id, "airhost.nnodes", " -> ".join(str(a.get("nnodes")) for a in attempts)[:5000])
+except Exception as e:
+    print("airhost: could not record the attempts in MLflow run %s: %s" % (run_id, e), file=sys.stderr, flush=True)
 # What each rank used, sampled by the host (launch/watch/rank_usage.hpp): system metrics per rank,
 # after the status, so that the host's bounded wait for this helper never costs the status.
 # log_rank_usage comes before this text (kUsageMetricsSource).

@@ -553,7 +553,20 @@ RunReport Launcher::run() {
       if (is_file(log)) detail::append_file(log, (detail::ends_line(log) ? "" : "\n") + mark);
     }
   }
+  std::vector<RunReport::Attempt> attempts;
   for (;; ++attempt) {
+    {
+      RunReport::Attempt a;
+      a.attempt = spec.restart_offset + attempt;
+      a.nnodes = spec.nnodes;
+      a.node_rank = spec.node_rank;
+      if (link && spec.node_rank == 0) a.nodes = link->node_names();
+      a.began = !failed_attempts.empty() ? failed_attempts.back()
+                : attempt > 0           ? "this node came back to the job"
+                : spec.restart_offset   ? "the job was requeued"
+                                        : "the run started";
+      attempts.push_back(std::move(a));
+    }
     detail::Supervisor::Plan plan;
     plan.spec = &spec;
     plan.callbacks = &impl_->callbacks;
@@ -722,6 +735,7 @@ RunReport Launcher::run() {
   report.warm = warm;
   report.start_mode = start_mode;
   report.failed_attempts = std::move(failed_attempts);
+  report.attempts = std::move(attempts);
   report.incomplete_logs = std::move(incomplete_logs);
   report.trimmed_logs = std::move(trimmed_logs);
   report.wall_seconds = detail::now_seconds() - started;

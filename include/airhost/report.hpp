@@ -133,6 +133,16 @@ struct RunReport {
   double wall_seconds = 0;           // the whole run, restarts included
   int restarts = 0;                  // how many times the group was restarted (LaunchSpec::max_restarts)
   std::vector<std::string> failed_attempts;  // the message of each attempt that was restarted
+  // Each attempt of the run: the group it ran in and why it began (an elastic job's nodes come
+  // and go between attempts).
+  struct Attempt {
+    int attempt = 0;
+    int nnodes = 1;                  // the nodes in its group
+    int node_rank = 0;               // this node's rank in it
+    std::vector<std::string> nodes;  // node 0: every node of the group, "node 1 (gpu-b, 10.0.0.2)"
+    std::string began;               // "the run started", or the message of the attempt before
+  };
+  std::vector<Attempt> attempts;
   bool warm = false;                 // the ranks were forked by a warm server
   std::string start_mode;            // one line: "warm start (...)" or "cold start (why not warm)"
   std::vector<std::string> incomplete_logs;  // each log that stops early (a full disk, a quota), and why

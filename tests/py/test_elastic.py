@@ -4,6 +4,7 @@ other came for --join-settle, or at once when MAX did; the nodes that leave out 
 are numbered by node 0 in the order they came, and every rank's RANK, WORLD_SIZE, GROUP_RANK
 and GROUP_WORLD_SIZE follow the group that formed. Too few nodes is 138 after --join-timeout,
 and nodes that disagree on the range are refused before anything starts."""
+import json
 import re
 import subprocess
 import sys
@@ -122,12 +123,12 @@ def test_nodes_that_disagree_on_the_range_are_refused_with_one_message(airhost):
 # ---- a lost node ----------------------------------------------------------------------------
 
 
-def train_node(airhost, port, rank, ckpt, out, nnodes="2:3", *extra):
+def train_node(airhost, port, rank, ckpt, out, nnodes="2:3", *extra, env=None):
     ranked = ("--node-rank", str(rank)) if rank is not None else ()
     return airhost.start(RESUME, "-n", "1", "--nnodes", nnodes, *ranked, "--master-addr", "127.0.0.1",
                          "--master-port", str(port), "--join-settle", "1s", "--join-timeout", "60", "--node-timeout",
                          "5", "--grace", "2", *extra, "--", "--ckpt", ckpt, "--out", out, "--stall-at", "17",
-                         "--stall-rank", "2")
+                         "--stall-rank", "2", env=env)
 
 
 RESUME = Path(__file__).parent / "restart_scripts" / "train_resume.py"
@@ -141,13 +142,36 @@ def test_a_node_killed_mid_run_the_others_go_on_as_a_smaller_group_from_the_last
     ckpt, out = tmp_path / "ckpt", tmp_path / "final.pt"
     ckpt.mkdir()
     port = free_port()
-    hosts = [train_node(airhost, port, r, ckpt, out) for r in (0, 1, 2)]
+    uri = "sqlite:///" + str(tmp_path / "mlflow.db")
+    tracked = {"AIRHOST_TRACKING": "1", "MLFLOW_TRACKING_URI": uri, "MLFLOW_EXPERIMENT_NAME": "elastic"}
+    hosts = [train_node(airhost, port, r, ckpt, out, env=tracked) for r in (0, 1, 2)]
     wait_for(lambda: (ckpt / "stalled").exists(), 90, "node 2's rank stalled at step 17")
     hosts[2].proc.kill()
     r0, r1 = hosts[0].finish(timeout=120), hosts[1].finish(timeout=120)
     hosts[2].proc.wait()
     r0.assert_rc(0)
     r1.assert_rc(0)
+    # Each attempt's group and why it began: in run.json, `airhost runs show` and the MLflow run.
+    attempts = r0.run_json["attempts"]
+    assert [(a["attempt"], a["nnodes"], a["node_rank"]) for a in attempts] == [(0, 3, 0), (1, 2, 0)], attempts
+    assert attempts[0]["began"] == "the run started"
+    assert " was lost: " in attempts[1]["began"] and "node 2 (" in attempts[1]["began"], attempts
+    assert len(attempts[0]["nodes"]) == 3 and len(attempts[1]["nodes"]) == 2, attempts
+    assert [(a["nnodes"], a["node_rank"]) for a in r1.run_json["attempts"]] == [(3, 1), (2, 1)]
+    shown = subprocess.run([airhost.binary, "runs", "show", r0.run_id], env=airhost.env(r0.runs_root),
+                           capture_output=True, text=True, timeout=30)
+    assert shown.returncode == 0, shown.stderr
+    assert re.search(r"^attempt 0: 3 node\(s\), this one node 0 \(node 0 \(.*\), node 1 \(.*\), node 2 \(.*\)\); "
+                     r"began: the run started$", shown.stdout, re.M), shown.stdout
+    assert re.search(r"^attempt 1: 2 node\(s\), this one node 0 \(.*\); began: .*node 2 \(.*\) was lost", shown.stdout,
+                     re.M), shown.stdout
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("elastic")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["airhost.nnodes"] == "3 -> 2", run.data.tags
+    assert json.loads(run.data.tags["airhost.attempts"]) == attempts
     for run, node in ((r0, 0), (r1, 1)):
         assert run.run_json["nnodes"] == 2 and run.run_json["node_rank"] == node, run.run_json
         assert run.run_json["restarts"] == 1

@@ -773,6 +773,13 @@ const std::vector<NodeHello>& NodeLink::nodes() const { return impl_->nodes; }
 
 int NodeLink::attempt() const { return impl_->attempt; }
 int NodeLink::store_port() const { return impl_->store_port; }
+std::vector<std::string> NodeLink::node_names() const {
+  std::lock_guard lock(impl_->m);
+  std::vector<std::string> out;
+  for (const auto& n : impl_->nodes)
+    if (!n.host.empty()) out.push_back(describe_node(n));
+  return out;
+}
 int NodeLink::node_rank() const {
   std::lock_guard lock(impl_->m);
   return impl_->me;

@@ -134,6 +134,9 @@ class NodeLink {
   // Where rank 0's store listens: 0 for master_port (a fixed count); an elastic job's own port,
   // chosen by node 0, the same for every attempt.
   int store_port() const;
+  // Every node of the group as messages name them, "node 1 (gpu-b, 10.0.0.2)", by rank: node 0
+  // knows them all; another node, node 0 and itself.
+  std::vector<std::string> node_names() const;
 
   // Every node, by node rank (this one's address empty), once joined.
   const std::vector<NodeHello>& nodes() const;

@@ -319,7 +319,15 @@ std::string run_json(const RunReport& report, const LaunchSpec& spec, double sta
   o << "]"
     << ",\n  \"failed_attempts\": [";
   for (std::size_t i = 0; i < report.failed_attempts.size(); ++i) o << (i ? ", " : "") << q(report.failed_attempts[i]);
-  o << "]";
+  o << "],\n  \"attempts\": [";
+  for (std::size_t i = 0; i < report.attempts.size(); ++i) {
+    const auto& a = report.attempts[i];
+    o << (i ? "," : "") << "\n    {\"attempt\": " << a.attempt << ", \"nnodes\": " << a.nnodes << ", \"node_rank\": "
+      << a.node_rank << ", \"nodes\": [";
+    for (std::size_t k = 0; k < a.nodes.size(); ++k) o << (k ? ", " : "") << q(a.nodes[k]);
+    o << "], \"began\": " << q(a.began) << "}";
+  }
+  o << (report.attempts.empty() ? "]" : "\n  ]");
   host_fields(o, spec, started_at, started_at + report.wall_seconds);
   entry_fields(o, spec);
   o << ",\n  \"ranks\": [";
