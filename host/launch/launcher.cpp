@@ -534,7 +534,7 @@ RunReport Launcher::run() {
   int attempt = link ? link->attempt() : 0;
   // An elastic job's restarts after a node was lost are not the ranks' fault: they do not count
   // against max_restarts (the attempt number, TORCHELASTIC_RESTART_COUNT, counts them all).
-  int free_restarts = 0;
+  int own_failures = 0;  // an elastic job: the attempts this node's own ranks failed
   bool elastic_restart = false;
   if (attempt > 0) {
     const std::string mark = "----- airhost: this node came back to the job; restart " + std::to_string(attempt) +
@@ -627,15 +627,24 @@ RunReport Launcher::run() {
     // saying stop, and so is a cancel() that arrived while this attempt ended. On several
     // nodes a node stopped because another node's rank failed (node_lost) may start again
     // too: node 0 restarts the group only when every node may.
+    // An elastic job counts each node's own failures: a node whose ranks failed more than
+    // max_restarts times leaves the job (the group goes on without it while MIN nodes are left),
+    // and a restart for another node's sake (it failed, was lost, or nodes came) costs it nothing.
+    const bool elastic_job = link && spec.nnodes_min > 0;
+    if (elastic_job && report.outcome == Outcome::failed) ++own_failures;
+    bool leave = false;
     auto may_restart = [&] {
       std::lock_guard lock(impl_->mutex);
       // After a scheduler's warning the job's time is nearly up: the ranks checkpointed and
       // stopped for the job to be requeued, not for another attempt here.
-      elastic_restart = link && spec.nnodes_min > 0 && impl_->node_lost_attempt == attempt &&
-                        report.outcome == Outcome::node_lost;
+      const bool stop = impl_->pending_cancel || report.warning_signal;
+      if (elastic_job) {
+        elastic_restart = report.outcome == Outcome::node_lost && !stop;
+        leave = report.outcome == Outcome::failed && own_failures > spec.max_restarts && !stop;
+        return elastic_restart || (report.outcome == Outcome::failed && own_failures <= spec.max_restarts && !stop);
+      }
       return (report.outcome == Outcome::failed || (link && report.outcome == Outcome::node_lost)) &&
-             (attempt - free_restarts < spec.max_restarts || elastic_restart) && !impl_->pending_cancel &&
-             !report.warning_signal;
+             attempt < spec.max_restarts && !stop;
     };
     {
       std::lock_guard lock(impl_->mutex);
@@ -650,11 +659,12 @@ RunReport Launcher::run() {
         report.message = "run " + spec.run_id + ": " + down->message;
       }
       SignalsBetweenAttempts signals(spec.handle_signals);
-      const bool again = link->after_attempt(may_restart(), time_left(spec, started), [&] {
+      const bool want = may_restart();
+      const bool again = link->after_attempt(want, time_left(spec, started), [&] {
         std::lock_guard lock(impl_->mutex);
         if (!impl_->pending_cancel && signals.caught()) impl_->pending_cancel = signals.caught();
         return impl_->pending_cancel != 0;
-      });
+      }, leave);
       {
         std::lock_guard lock(impl_->mutex);
         if (!again && impl_->pending_cancel && report.outcome != Outcome::interrupted) {
@@ -679,16 +689,22 @@ RunReport Launcher::run() {
     std::string line = report.message + "; restarting all " + std::to_string(spec.nprocs) + " rank(s) (restart " +
                        std::to_string(event.restart) + " of " + std::to_string(event.max_restarts) + ")";
     if (elastic_restart) {
-      ++free_restarts;
-      bool came;
+      std::string why;
       {
         std::lock_guard lock(impl_->mutex);
-        came = impl_->node_came;
+        why = impl_->node_lost_attempt != attempt ? "another node's failure"
+              : impl_->node_came                  ? "nodes came"
+                                                  : "a node's loss";
       }
       line = report.message + "; the job goes on with " + std::to_string(spec.nnodes) + " node(s), this one node " +
              std::to_string(spec.node_rank) + ": restarting its " + std::to_string(spec.nprocs) + " rank(s) as restart " +
-             std::to_string(event.restart) + " (" + (came ? "nodes came" : "a node's loss") +
-             ": not counted against --max-restarts " + std::to_string(spec.max_restarts) + ")";
+             std::to_string(event.restart) + " (" + why + ": not counted against --max-restarts " +
+             std::to_string(spec.max_restarts) + ")";
+    } else if (link && spec.nnodes_min > 0) {
+      line = report.message + "; the job goes on with " + std::to_string(spec.nnodes) + " node(s), this one node " +
+             std::to_string(spec.node_rank) + ": restarting its " + std::to_string(spec.nprocs) + " rank(s) as restart " +
+             std::to_string(event.restart) + " (this node's failure " + std::to_string(own_failures) + " of the " +
+             std::to_string(spec.max_restarts) + " --max-restarts allows)";
     }
     if (impl_->callbacks.on_restart) impl_->callbacks.on_restart(event), out.log(line);
     else out.say(line);

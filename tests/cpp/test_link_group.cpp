@@ -176,3 +176,29 @@ TEST_CASE("a node that is lost is waited for when every other node wants a resta
   spoke.decide(0, true);   // the first decision stands
   CHECK(spoke.decision(0) == std::optional<bool>(false));
 }
+
+TEST_CASE("an elastic group goes on without its lost and leaving nodes only when every other node wants to") {
+  GroupState g(4, 0);
+  g.report_stopped(0, 0, true);
+  g.report_stopped(0, 1, true);
+  g.report_stopped(0, 2, false, true);  // its ranks failed past max_restarts: it leaves
+  CHECK_FALSE(g.should_decide(0));      // a leaving node does not end the job: node 3 is awaited
+  CHECK(g.go_on_without(0).empty());
+  g.connection_gone(3);                 // node 3 is lost meanwhile
+  CHECK(g.should_decide(0));
+  CHECK(g.go_on_without(0) == std::vector<int>{2, 3});
+  CHECK_FALSE(g.restart_agreed(0));
+
+  GroupState h(3, 0);
+  h.report_stopped(0, 0, true);
+  h.report_stopped(0, 1, false);        // stopped for good (interrupted): the job ends
+  h.report_stopped(0, 2, false, true);
+  CHECK(h.should_decide(0));
+  CHECK(h.go_on_without(0).empty());
+
+  GroupState r(3, 0);                   // regrouped: two nodes, none gone, as numbered anew
+  r.connection_gone(2);
+  r.regroup(2, 0);
+  CHECK_FALSE(r.gone(2));
+  CHECK(r.nnodes() == 2);
+}

@@ -296,3 +296,31 @@ def test_while_the_job_runs_an_impostor_is_refused_and_costs_no_restart(airhost,
     assert refused == ["airhost: node 0 of 2:3: refused a join from 127.0.0.1 as node 1: it holds no join token "
                        "(a node started without one, or not one of this job's)"], runs[0].err
     assert re.search(r"node 0 of 2: node 2 \(.*\) came; it joins the group at its next restart", runs[0].err), runs[0].err
+
+
+def test_a_node_whose_ranks_fail_past_max_restarts_leaves_and_the_others_go_on(airhost):
+    # 3 nodes of 2:3 with --max-restarts 1; node 2's ranks fail every attempt (a bad node). Its
+    # first failure restarts the group of 3 (restart 1); its second is past its budget: it leaves
+    # with its rank's exit code, and nodes 0 and 1 go on as a group of 2 (restart 2, not counted:
+    # their own ranks never failed) and succeed.
+    port = free_port()
+
+    def host(rank, env=None):
+        return airhost.start(script("bad_node.py"), "-n", "1", "--nnodes", "2:3", "--node-rank", str(rank),
+                             "--master-addr", "127.0.0.1", "--master-port", str(port), "--join-settle", "1s",
+                             "--max-restarts", "1", "--join-timeout", "60", "--node-timeout", "5", "--grace", "2",
+                             env=env)
+    hosts = [host(0), host(1), host(2, {"BAD_NODE": "1"})]
+    r0, r1, r2 = (h.finish(timeout=120) for h in hosts)
+    r2.assert_rc(3)
+    r0.assert_rc(0)
+    r1.assert_rc(0)
+    assert re.search(r"node 0 of 2: node 2 \(.*\) left the job \(its ranks failed past --max-restarts 1\); the job goes "
+                     r"on with 2 nodes \(--nnodes 2:3\): restart 2", r0.err), r0.err
+    for run, rank in ((r0, 0), (r1, 1)):
+        assert run.run_json["restarts"] == 2 and run.run_json["nnodes"] == 2, run.run_json
+        assert [a["nnodes"] for a in run.run_json["attempts"]] == [3, 3, 2], run.run_json["attempts"]
+        assert run.console()[rank][-1] == b"attempt 2 world 2 sum 2", run.console()
+        assert "(another node's failure: not counted against --max-restarts 1)" in run.err, run.err
+    assert "(this node's failure 1 of the 1 --max-restarts allows)" in r2.err, r2.err
+    assert r2.run_json["outcome"] == "failed" and "rank 2 exited with code 3" in r2.run_json["message"], r2.run_json

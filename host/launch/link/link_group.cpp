@@ -30,9 +30,11 @@ void GroupState::end(int attempt) { attempts_[attempt].ended = true; }
 
 void GroupState::connection_gone(int node) { gone_.insert(node); }
 
-void GroupState::report_stopped(int attempt, int node, bool want_restart) {
+void GroupState::report_stopped(int attempt, int node, bool want_restart, bool leave) {
   Attempt& a = attempts_[attempt];
   a.stopped.insert(node);
+  if (leave && !want_restart) a.leaving.insert(node);
+  else a.leaving.erase(node);
   if (want_restart) a.want_restart.insert(node);
   else a.want_restart.erase(node);  // a node that withdraws (interrupted while it waited)
 }
@@ -59,6 +61,24 @@ std::vector<int> GroupState::rejoin_wanted(int attempt) const {
   return lost;
 }
 
+std::vector<int> GroupState::go_on_without(int attempt) const {
+  const Attempt* a = find(attempt);
+  if (!hub() || !a || a->decision) return {};
+  std::vector<int> without;
+  for (int n = 0; n < nnodes_; ++n) {
+    if (a->leaving.count(n)) {
+      without.push_back(n);
+    } else if (!gone(n)) {
+      if (!a->stopped.count(n) || !a->want_restart.count(n)) return {};
+    } else if (a->stopped.count(n) && !a->want_restart.count(n)) {
+      return {};  // it stopped for good, then left
+    } else {
+      without.push_back(n);
+    }
+  }
+  return without;
+}
+
 std::optional<bool> GroupState::decision(int attempt) const {
   const Attempt* a = find(attempt);
   return a ? a->decision : std::nullopt;
@@ -75,7 +95,7 @@ bool GroupState::should_decide(int attempt) const {
   // A node that stopped for good ends the job at once; else every node still here must have
   // stopped (and said whether it wants a restart) before a lost one is waited for.
   for (int n = 1; n < nnodes_; ++n)
-    if (a->stopped.count(n) && !a->want_restart.count(n)) return true;
+    if (a->stopped.count(n) && !a->want_restart.count(n) && !a->leaving.count(n)) return true;
   for (int n = 1; n < nnodes_; ++n)
     if (!gone(n) && !a->stopped.count(n)) return false;
   return true;

@@ -56,7 +56,12 @@ class GroupState {
   // Node 0 said every node is done (a spoke), or saw it (node 0).
   void end(int attempt);
   // `node` stopped its ranks of the failed `attempt`; `want_restart`: it may start again.
-  void report_stopped(int attempt, int node, bool want_restart);
+  // `leave` (an elastic job's node whose own ranks failed past max_restarts): it will not, but
+  // the group may go on without it.
+  void report_stopped(int attempt, int node, bool want_restart, bool leave = false);
+  // Node 0 of an elastic job, once it should decide: the nodes the group would go on without
+  // (lost, or leaving) when every other node stopped and wants a restart; empty otherwise.
+  std::vector<int> go_on_without(int attempt) const;
   // What was decided after `attempt` failed: restart (true) or end (false); nullopt: not yet.
   std::optional<bool> decision(int attempt) const;
   void decide(int attempt, bool restart);
@@ -105,7 +110,7 @@ class GroupState {
     std::set<int> heard;      // nodes reported down
     std::set<int> said_down;  // nodes that reported their own teardown
     std::set<int> done;
-    std::set<int> stopped, want_restart;
+    std::set<int> stopped, want_restart, leaving;
     std::optional<bool> decision;
     std::optional<NodeDown> first, first_real;
     bool ended = false;

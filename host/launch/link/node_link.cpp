@@ -323,7 +323,7 @@ struct NodeLink::Impl {
       case LinkKind::stopped: {  // node 0 hears it
         auto fields = decode_fields(f.payload);
         std::lock_guard lock(m);
-        group.report_stopped(to_int(fields["attempt"], 0), from, fields["restart"] == "1");
+        group.report_stopped(to_int(fields["attempt"], 0), from, fields["restart"] == "1", fields["leave"] == "1");
         break;
       }
       case LinkKind::restart: {  // a spoke hears node 0's decision: the next attempt begins now
@@ -385,17 +385,19 @@ struct NodeLink::Impl {
   void decide_if_all_stopped() {
     int of;
     bool restart;
-    std::vector<int> lost_nodes;
+    std::vector<int> lost_nodes, without;
     {
       std::lock_guard lock(m);
       of = attempt;
       if (!group.should_decide(of)) return;
       restart = group.restart_agreed(of);
       if (!restart) lost_nodes = group.rejoin_wanted(of);
+      if (!restart && cfg.nnodes_min > 0) without = group.go_on_without(of);
     }
-    // An elastic job with enough nodes left goes on without the lost ones, at once.
-    if (!lost_nodes.empty() && cfg.nnodes_min > 0 && group_size - static_cast<int>(lost_nodes.size()) >= cfg.nnodes_min)
-      return go_on_without(of, lost_nodes);
+    // An elastic job with enough nodes left goes on at once without the lost ones, and without
+    // those whose own ranks failed past max_restarts (they leave).
+    if (!without.empty() && group_size - static_cast<int>(without.size()) >= cfg.nnodes_min)
+      return go_on_without(of, without);
     if (!lost_nodes.empty() && rejoin_wait(of, lost_nodes)) return;
     {
       std::lock_guard lock(m);
@@ -517,8 +519,20 @@ struct NodeLink::Impl {
   // lost nodes' peers are dropped at the loop's next turn (this may run while it reads them).
   void go_on_without(int of, const std::vector<int>& lost_nodes) {
     const std::set<int> lost(lost_nodes.begin(), lost_nodes.end());
+    // A node that leaves (its ranks failed past max_restarts) is still here: it hears that the
+    // job ends for it, and ends by its ranks' outcome. A lost one is gone.
     std::vector<std::string> names;
-    for (int n : lost_nodes) names.push_back(describe_node(nodes[static_cast<std::size_t>(n)]));
+    const std::string final_frame = link_frame(LinkKind::final, {{"attempt", std::to_string(of)}});
+    for (auto& p : peers) {
+      if (p.dropped || !lost.count(p.node.node_rank)) continue;
+      if (is_gone(p)) {
+        names.push_back(describe_node(p.node) + " was lost");
+      } else {
+        names.push_back(describe_node(p.node) + " left the job (its ranks failed past --max-restarts " +
+                        std::to_string(cfg.max_restarts) + ")");
+        send_to(p, final_frame);
+      }
+    }
     std::vector<NodeHello> now{nodes[0]};
     int next = 1;
     for (auto& p : peers) {
@@ -542,11 +556,11 @@ struct NodeLink::Impl {
     rejoin_deadline = {};
     cv.notify_all();
     std::string listed;
-    for (std::size_t i = 0; i < names.size(); ++i) listed += (i ? (i + 1 == names.size() ? " and " : ", ") : "") + names[i];
+    for (std::size_t i = 0; i < names.size(); ++i) listed += (i ? "; " : "") + names[i];
     welcome_newcomers(of);
-    say(listed + (names.size() > 1 ? " were" : " was") + " lost; the job goes on with " +
+    say(listed + "; the job goes on with " +
         std::to_string(group_size) + " nodes (--nnodes " + std::to_string(cfg.nnodes_min) + ":" + std::to_string(cfg.nnodes) +
-        "): restart " + std::to_string(of + 1) + ", a node's loss, not counted against --max-restarts");
+        "): restart " + std::to_string(of + 1) + ", not counted against --max-restarts");
     for (auto& p : peers)
       if (!p.dropped)
         send_to(p, link_frame(LinkKind::restart, {{"attempt", std::to_string(of + 1)},
@@ -790,16 +804,21 @@ int NodeLink::nnodes() const {
 }
 std::uint64_t NodeLink::turns() const { return impl_->turns.load(std::memory_order_relaxed); }
 
-bool NodeLink::after_attempt(bool want_restart, milliseconds limit, const std::function<bool()>& cancelled) {
+bool NodeLink::after_attempt(bool want_restart, milliseconds limit, const std::function<bool()>& cancelled,
+                             bool leave) {
   Impl& s = *impl_;
   int of;
+  leave = leave && !want_restart && !s.hub();  // node 0 is the hub: it cannot leave its job
   auto say_stopped = [&](bool restart) {
     {
       std::lock_guard lock(s.m);
       if (s.hub()) s.group.report_stopped(of, 0, restart);
     }
     if (s.hub()) s.poke();  // its loop decides once every node has stopped
-    else s.queue(link_frame(LinkKind::stopped, {{"attempt", std::to_string(of)}, {"restart", restart ? "1" : "0"}}));
+    else
+      s.queue(link_frame(LinkKind::stopped, {{"attempt", std::to_string(of)},
+                                             {"restart", restart ? "1" : "0"},
+                                             {"leave", leave && !restart ? "1" : "0"}}));
   };
   {
     std::lock_guard lock(s.m);

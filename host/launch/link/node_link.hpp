@@ -106,7 +106,10 @@ class NodeLink {
   // ends (a node did not want it, or is gone for good), and down() says why. Node 0 waits up
   // to join_timeout for a lost node to come back when every other node wants a restart.
   // `cancelled` (polled): this node was interrupted meanwhile; it withdraws, and the job ends.
-  bool after_attempt(bool want_restart, std::chrono::milliseconds limit, const std::function<bool()>& cancelled = {});
+  // `leave` (an elastic job's node whose own ranks failed past max_restarts, want_restart false):
+  // the group may go on without this node; it hears the job end for it (false) either way.
+  bool after_attempt(bool want_restart, std::chrono::milliseconds limit, const std::function<bool()>& cancelled = {},
+                     bool leave = false);
   // The attempt under way, the same on every node (TORCHELASTIC_RESTART_COUNT).
   int attempt() const;
   // How many times the link's thread has woken so far: what the link costs at rest, which for
