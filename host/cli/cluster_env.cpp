@@ -399,6 +399,20 @@ ClusterResolution resolve_cluster(const Settings& flags, const Settings& merged,
   const auto set_nonzero = [](const std::optional<int>& v) { return v.has_value() && *v != 0; };
   layer("nnodes", &Settings::nnodes, set, topology.nnodes);
   if (r.origin["nnodes"] != "flag" && r.origin["nnodes"] != config && topology.nnodes) r.settings.nnodes_min = topology.nnodes_min;
+  // An elastic job in a Slurm step (srun --nodes 2-4 airhost --nnodes 2:4): no more nodes can
+  // come than the step has, so its count is MAX, and the job starts as soon as they all joined.
+  if (r.settings.nnodes_min && r.settings.nnodes && topology.source == "slurm" && topology.nnodes &&
+      *topology.nnodes < *r.settings.nnodes) {
+    const std::string range = std::to_string(*r.settings.nnodes_min) + ":" + std::to_string(*r.settings.nnodes);
+    if (*topology.nnodes < *r.settings.nnodes_min)
+      throw ConfigError("--nnodes " + range + " needs at least " + std::to_string(*r.settings.nnodes_min) +
+                        " nodes, but this Slurm step has " + std::to_string(*topology.nnodes) + " (" +
+                        topology.why.at("nnodes") + "): ask srun for them (srun --nodes " + range.substr(0, range.find(':')) +
+                        "-" + std::to_string(*r.settings.nnodes) + ")");
+    r.settings.nnodes = *topology.nnodes;
+    r.origin["nnodes"] += "; MAX " + std::to_string(*topology.nnodes) + " from " + topology.source + ": " +
+                          topology.why.at("nnodes");
+  }
   layer("node_rank", &Settings::node_rank, set, topology.node_rank);
   layer("master_addr", &Settings::master_addr, set, topology.master_addr);
   layer("master_port", &Settings::master_port, set_nonzero, topology.master_port);

@@ -757,6 +757,16 @@ RunReport Launcher::run() {
   report.wall_seconds = detail::now_seconds() - started;
   if (attempt > 0 && report.ok())
     report.message += " after " + std::to_string(attempt) + " restart" + (attempt > 1 ? "s" : "");
+  // An elastic job whose group changed: the summary names who left or came, each time.
+  for (std::size_t i = 1; i < report.attempts.size(); ++i) {
+    const auto& before = report.attempts[i - 1];
+    const auto& now = report.attempts[i];
+    if (now.nnodes == before.nnodes) continue;
+    std::string why = now.began;
+    if (why.rfind("run ", 0) == 0 && why.find(": ") != std::string::npos) why = why.substr(why.find(": ") + 2);
+    if (const auto cut = why.find("; "); cut != std::string::npos) why.resize(cut);
+    report.message += "; nodes " + std::to_string(before.nnodes) + " -> " + std::to_string(now.nnodes) + " (" + why + ")";
+  }
   if (const std::string hint = detail::no_gpu_hint(report, spec); !hint.empty()) report.message += "; " + hint;
   else if (attempt > 0 && report.outcome == Outcome::failed && attempt == spec.max_restarts)
     report.message += " (no restart left: the group was restarted " + std::to_string(attempt) +

@@ -371,6 +371,26 @@ TEST_CASE("flags win over the config file, which wins over detection, which wins
   }
 }
 
+TEST_CASE("an elastic job in a Slurm step takes the step's node count as MAX, and one below MIN is refused") {
+  auto env = slurm_step();  // SLURM_STEP_NUM_NODES=2
+  const auto t = detect_cluster(env);
+  Settings f;
+  f.nnodes = 4;
+  f.nnodes_min = 2;
+  const auto r = resolve_cluster(f, f, "", t);
+  CHECK(r.settings.nnodes == 2);
+  CHECK(r.settings.nnodes_min == 2);
+  CHECK(r.origin.at("nnodes") == "flag; MAX 2 from slurm: SLURM_STEP_NUM_NODES=2");
+  f.nnodes_min = 3;
+  CHECK_THROWS_WITH_AS(resolve_cluster(f, f, "", t),
+                       "--nnodes 3:4 needs at least 3 nodes, but this Slurm step has 2 (SLURM_STEP_NUM_NODES=2): ask "
+                       "srun for them (srun --nodes 3-4)",
+                       ConfigError);
+  Settings fixed;
+  fixed.nnodes = 4;  // a fixed count is the user's to keep: node 0 waits for the nodes it names
+  CHECK(resolve_cluster(fixed, fixed, "", t).settings.nnodes == 4);
+}
+
 TEST_CASE("--print-env needs no target, keeps the flags apart, and is refused with a subcommand") {
   const auto o = parse_command_line({"airhost", "--print-env", "--master-addr", "10.0.0.1"}, "/nonexistent");
   CHECK(o.print_env);

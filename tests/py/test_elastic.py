@@ -181,6 +181,9 @@ def test_a_node_killed_mid_run_the_others_go_on_as_a_smaller_group_from_the_last
                          r"\(a node's loss: not counted against --max-restarts 0\)" % node, run.err), run.err
     assert re.search(r"node 0 of 2: node 2 \(.*\) was lost; the job goes on with 2 nodes \(--nnodes 2:3\): restart 1",
                      r0.err), r0.err
+    # The summary names who left.
+    assert re.search(r"succeeded after 1 restart; nodes 3 -> 2 \(node 2 \(.*\) was lost: its connection closed \(its "
+                     r"airhost exited or was killed\)\)", r0.run_json["message"]), r0.run_json["message"]
     said = r0.out
     assert "attempt 0: starting from scratch" in said, said
     assert "attempt 1: resumed from step-000015 at step 15" in said, said

@@ -329,18 +329,27 @@ def test_two_slurm_nodes_make_one_world(slurm, airhost):
 
 
 def test_an_elastic_job_under_slurm_takes_its_node_ranks_and_master_from_slurm(slurm, airhost):
-    """#35: srun -N2 of an airhost given --nnodes 2:4: node 0 (SLURM_NODEID 0, the first host of
-    the step) starts the job with the 2 nodes once none came for --join-settle, the ranks'
-    store on a port of its own (node 0 keeps Slurm's for nodes that come)."""
+    """#35: srun --nodes 2-4 of an airhost given --nnodes 2:4 on a cluster of 2: the step's node
+    count is MAX, so node 0 (SLURM_NODEID 0, the first host of the step) starts the job as soon as
+    both nodes joined, the ranks' store on a port of its own (node 0 keeps Slurm's for nodes that
+    come back)."""
     if len(slurm.nodes) < 2:
         pytest.skip(f"one Slurm node only: {slurm.why_one_node}")
-    r = srun(slurm, airhost, "srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "airhost",
-             script("allreduce.py"), "-n", "2", "--nnodes", "2:4", "--join-settle", "1s", timeout=100)
+    # --join-settle 60s: with the step's 2 nodes as MAX, node 0 starts as soon as both joined.
+    r = srun(slurm, airhost, "srun", "--nodes=2-4", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "airhost",
+             script("allreduce.py"), "-n", "2", "--nnodes", "2:4", "--join-settle", "60s", timeout=50)
     assert r.returncode == 0, r.stdout + r.stderr
     for rank in range(4):
         assert re.search(rf"^\[rank {rank}\] rank {rank} MASTER_PORT=\d+ sum=10$", r.stdout, re.M), r.stdout + r.stderr
-    assert re.search(r"node 0 of 2:4: 2 nodes joined \(--nnodes 2:4\): node 1 \(n2, [0-9.]+\); starting the ranks",
+    assert re.search(r"node 0 of 2:2: 2 nodes joined \(--nnodes 2:2\): node 1 \(n2, [0-9.]+\); starting the ranks",
                      r.stderr), r.stderr
+
+    # A step with fewer nodes than MIN can never start: refused at once, naming what to ask for.
+    r = srun(slurm, airhost, "srun", "-N2", "--ntasks-per-node=1", "airhost", script("allreduce.py"), "--nnodes", "3:4",
+             timeout=50)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "--nnodes 3:4 needs at least 3 nodes, but this Slurm step has 2 (SLURM_STEP_NUM_NODES=2): ask srun for them " \
+           "(srun --nodes 3-4)" in r.stderr, r.stderr
 
 
 def test_deploy_slurm_train_sbatch_runs_as_written_but_for_its_gpus(slurm, airhost):
