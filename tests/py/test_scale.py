@@ -32,14 +32,17 @@ def test_48_nodes_join_answer_stacks_and_all_end_naming_the_rank_that_failed(air
 
         env = airhost.env(hosts[0].runs_root)
         run_id = hosts[0].run_dir().name
-        done = subprocess.run([airhost.binary, "stacks", run_id, "--json"], env=env, capture_output=True, text=True,
-                              timeout=60, stdin=subprocess.DEVNULL)
-        assert done.returncode == 0, done.stderr
-        ranks = json.loads(done.stdout)["ranks"]
-        assert [r["rank"] for r in ranks] == list(range(NODES)), [r["rank"] for r in ranks]
-        assert [r["node"] for r in ranks] == list(range(NODES))
-        assert all(r["status"] == "answered" and "in wait_here" in r["where"] for r in ranks), \
-            [r for r in ranks if r["status"] != "answered" or "in wait_here" not in r["where"]][:3]
+
+        def all_waiting():
+            done = subprocess.run([airhost.binary, "stacks", run_id, "--json"], env=env, capture_output=True,
+                                  text=True, timeout=60, stdin=subprocess.DEVNULL)
+            assert done.returncode == 0, done.stderr
+            ranks = json.loads(done.stdout)["ranks"]
+            assert [r["rank"] for r in ranks] == list(range(NODES)), [r["rank"] for r in ranks]
+            assert [r["node"] for r in ranks] == list(range(NODES))
+            # A rank of a loaded machine may be between two lines of wait_here: asked again.
+            return all(r["status"] == "answered" and "in wait_here" in r["where"] for r in ranks) or None
+        wait_for(all_waiting, 60, f"stacks of all {NODES} ranks, every one in wait_here")
 
         (d / "fail").touch()
         runs = [h.finish(timeout=120) for h in hosts]
@@ -54,5 +57,5 @@ def test_48_nodes_join_answer_stacks_and_all_end_naming_the_rank_that_failed(air
         assert re.search(rf"node {last} \(.*\) failed: rank {last} exited with code 1", run.err), \
             f"node {k}:\n{run.describe()}"
     assert re.search(rf"rank {last} exited with code 1", runs[last].err), runs[last].describe()
-    # Node 0's record names the root cause, and its link held a connection per other node.
+    # Node 0's record names the root cause.
     assert re.search(rf"rank {last} exited with code 1", runs[0].run_json["message"]), runs[0].run_json["message"]

@@ -7,11 +7,12 @@ from pathlib import Path
 
 d = Path(sys.argv[1])
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-(d / f"up-{rank}.tmp").write_text(os.environ["GROUP_RANK"])
-os.replace(d / f"up-{rank}.tmp", d / f"up-{rank}")
 
 
 def wait_here():
+    # Up once here: stacks taken after the stamp find this rank in this function.
+    (d / f"up-{rank}.tmp").write_text(os.environ["GROUP_RANK"])
+    os.replace(d / f"up-{rank}.tmp", d / f"up-{rank}")
     while not (d / "fail").exists():
         time.sleep(0.05)
 
