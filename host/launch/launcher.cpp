@@ -327,6 +327,9 @@ static void settle_with_other_nodes(detail::NodeLink& link, const LaunchSpec& sp
       lost(*down, "this node's " + std::to_string(report.ranks.size()) + " rank(s) succeeded, but ", "");
   } else if (report.outcome == Outcome::node_lost) {
     if (auto down = link.down()) lost(*down, "", "; this node's ranks were stopped");
+    // The failing node is still stopping its ranks and writing its record: this node's exit
+    // must not cut it short (a scheduler kills the whole step on the first bad exit).
+    link.wait_stopping_nodes(std::chrono::milliseconds(spec.grace) + std::chrono::seconds(5));
   } else if (report.outcome == Outcome::failed) {
     const RankReport* root = nullptr;
     for (const auto& r : report.ranks)

@@ -485,6 +485,17 @@ struct Supervisor::Impl {
                                                              : teardown_why;
     // The host log says when the end began, and why (the summary comes once the ranks are gone).
     plan.out->log("stopping the ranks: " + (reason == Outcome::node_lost ? cause.node_lost_why : "the run " + why));
+    // The live record says which rank failed before the other nodes hear of it: they end at
+    // once, and a scheduler that then kills this node (srun --kill-on-bad-exit) must not take
+    // the record of the failure with it.
+    if (plan.on_ranks_changed) {
+      uv_timer_stop(&record_timer);
+      guarded("recording the ranks", [&] {
+        std::vector<RankReport> now;
+        for (auto& r : ranks) now.push_back(live_record(r->report));
+        plan.on_ranks_changed(now);
+      });
+    }
     if (plan.on_teardown)
       plan.on_teardown(reason, why, reason == Outcome::node_lost || (reason == Outcome::failed && teardown_cascade),
                        reason == Outcome::timed_out && !cause.hang.empty());

@@ -30,6 +30,14 @@ void GroupState::end(int attempt) { attempts_[attempt].ended = true; }
 
 void GroupState::connection_gone(int node) { gone_.insert(node); }
 
+bool GroupState::stopping_nodes_gone(int attempt) const {
+  const Attempt* a = find(attempt);
+  if (!a) return true;
+  for (int n : a->said_down)
+    if (n != self_ && (hub() || n == 0) && !gone(n)) return false;
+  return true;
+}
+
 void GroupState::report_stopped(int attempt, int node, bool want_restart, bool leave) {
   Attempt& a = attempts_[attempt];
   a.stopped.insert(node);

@@ -79,6 +79,9 @@ class GroupState {
   void came_back(int attempt, int node);
   // `node`'s connection closed or the node was declared lost: nothing more comes from it.
   void connection_gone(int node);
+  // Every node this one hears directly that said it stops its ranks in `attempt` has closed its
+  // connection (its airhost has ended): node 0 hears every node, another node node 0 alone.
+  bool stopping_nodes_gone(int attempt) const;
   // An elastic job went on without its lost nodes: `nnodes` nodes from now on, this one `self`,
   // numbered anew, every node connected. What was said of earlier attempts stays theirs.
   void regroup(int nnodes, int self) {
