@@ -108,12 +108,6 @@ int int_field(const std::string& text, int fallback) {
   }
 }
 
-std::string join_list(const std::vector<std::string>& items) {
-  std::string out;
-  for (std::size_t i = 0; i < items.size(); ++i)
-    out += (i == 0 ? "" : i + 1 == items.size() ? " and " : ", ") + items[i];
-  return out;
-}
 
 // The nodes that joined, for node 0's line: each named (host, address) in a small job; in a job
 // of many, the first few and how many more, so that one line stays one line at 4,096 nodes.
@@ -724,6 +718,13 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
 }
 
 }  // namespace
+
+std::string join_list(const std::vector<std::string>& items) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == items.size() ? " and " : ", ") + items[i];
+  return out;
+}
 
 // ---- the checks -----------------------------------------------------------------------------
 

@@ -60,6 +60,9 @@ class NodeJoinError : public std::runtime_error {
 // disagree, what each said and what to change.
 std::string check_nodes(const NodeHello& self, const std::vector<NodeHello>& peers);
 
+// "a", "a and b", "a, b and c": how messages list nodes.
+std::string join_list(const std::vector<std::string>& items);
+
 // The master address as getaddrinfo() sees it: empty when it resolves (or the failure is
 // temporary: the join retries), else why not ("Name or service not known").
 std::string resolve_problem(const std::string& host);

@@ -503,10 +503,9 @@ struct NodeLink::Impl {
       if (group.any_down(attempt) || group.decision(attempt)) return;
     }
     grow_asked = true;
-    std::string listed;
-    for (std::size_t i = 0; i < newcomers.size(); ++i)
-      listed += (i ? (i + 1 == newcomers.size() ? " and " : ", ") : "") + describe_node(newcomers[i].node);
-    NodeDown d{0, listed + (newcomers.size() > 1 ? " came" : " came") + " to the job: every node restarts its ranks to "
+    std::vector<std::string> names;
+    for (const auto& n : newcomers) names.push_back(describe_node(n.node));
+    NodeDown d{0, join_list(names) + " came to the job: every node restarts its ranks to "
                   "take " + (newcomers.size() > 1 ? "them" : "it") + " in (--nnodes " + std::to_string(cfg.nnodes_min) +
                   ":" + std::to_string(cfg.nnodes) + ")", false};
     d.grow = true;
