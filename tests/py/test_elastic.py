@@ -87,13 +87,17 @@ def test_min_nodes_with_their_own_ranks_start_after_the_settle_time_renumbered_w
     assert "2 nodes here, enough for --nnodes 2:4; starting once no other node comes for 1 s" in r0.err, r0.err
 
 
+def hello_node(airhost, port, nnodes, join_timeout, *ranked):
+    """A host of one light rank (no torch) joining an elastic job, for the join's refusals."""
+    return airhost.start(script("hello.py"), "-n", "1", "--nnodes", nnodes, *ranked, "--master-addr", "127.0.0.1",
+                         "--master-port", str(port), "--join-timeout", str(join_timeout))
+
+
 def test_fewer_than_min_nodes_end_138_after_the_join_timeout_naming_the_range(airhost):
     port = free_port()
     # Node 1 would wait longer: node 0's deadline comes first, and its word reaches node 1.
-    n0 = airhost.start(script("hello.py"), "-n", "1", "--nnodes", "3:4", "--node-rank", "0", "--master-addr",
-                       "127.0.0.1", "--master-port", str(port), "--join-timeout", "3")
-    n1 = airhost.start(script("hello.py"), "-n", "1", "--nnodes", "3:4", "--master-addr", "127.0.0.1",
-                       "--master-port", str(port), "--join-timeout", "30")
+    n0 = hello_node(airhost, port, "3:4", 3, "--node-rank", "0")
+    n1 = hello_node(airhost, port, "3:4", 30)
     r0, r1 = n0.finish(timeout=60), n1.finish(timeout=60)
     r0.assert_rc(138)
     r1.assert_rc(138)
@@ -106,10 +110,8 @@ def test_fewer_than_min_nodes_end_138_after_the_join_timeout_naming_the_range(ai
 
 def test_nodes_that_disagree_on_the_range_are_refused_with_one_message(airhost):
     port = free_port()
-    n0 = airhost.start(script("hello.py"), "-n", "1", "--nnodes", "2:4", "--node-rank", "0", "--master-addr",
-                       "127.0.0.1", "--master-port", str(port), "--join-timeout", "30")
-    n1 = airhost.start(script("hello.py"), "-n", "1", "--nnodes", "2:3", "--master-addr", "127.0.0.1",
-                       "--master-port", str(port), "--join-timeout", "30")
+    n0 = hello_node(airhost, port, "2:4", 30, "--node-rank", "0")
+    n1 = hello_node(airhost, port, "2:3", 30)
     r0, r1 = n0.finish(timeout=60), n1.finish(timeout=60)
     r0.assert_rc(2)
     r1.assert_rc(2)
