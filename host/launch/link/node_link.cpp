@@ -335,7 +335,7 @@ struct NodeLink::Impl {
           attempt = next;
           // An elastic job that went on without lost nodes: this node's place in the new group.
           const int k = to_int(fields["nodes"], group_size), r = to_int(fields["node_rank"], me);
-          if ((k != group_size || r != me) && k >= 2 && r >= 1 && r < k) {
+          if ((k != group_size || r != me) && k >= 2 && k <= cfg.nnodes && r >= 1 && r < k) {  // no larger than MAX
             NodeHello self = nodes[static_cast<std::size_t>(me)], zero = nodes[0];
             self.node_rank = r;
             nodes.assign(static_cast<std::size_t>(k), NodeHello{});
