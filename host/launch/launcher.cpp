@@ -327,9 +327,6 @@ static void settle_with_other_nodes(detail::NodeLink& link, const LaunchSpec& sp
       lost(*down, "this node's " + std::to_string(report.ranks.size()) + " rank(s) succeeded, but ", "");
   } else if (report.outcome == Outcome::node_lost) {
     if (auto down = link.down()) lost(*down, "", "; this node's ranks were stopped");
-    // The failing node is still stopping its ranks and writing its record: this node's exit
-    // must not cut it short (a scheduler kills the whole step on the first bad exit).
-    link.wait_stopping_nodes(std::chrono::milliseconds(spec.grace) + std::chrono::seconds(5));
   } else if (report.outcome == Outcome::failed) {
     const RankReport* root = nullptr;
     for (const auto& r : report.ranks)
@@ -748,7 +745,14 @@ RunReport Launcher::run() {
     }
   }
   if (link) settle_with_other_nodes(*link, spec, report, started);
-  link.reset();  // what it still has to say is sent; then the connections close
+  // A node that only followed another's failure ends after the node it follows (the failing
+  // node itself, or node 0 following it), so that its exit (138) cannot make a scheduler kill
+  // the failing node before that one wrote its record (srun --kill-on-bad-exit kills the step
+  // at the first bad exit). The failing node follows nobody, so the chain ends with it: no
+  // wait runs into its limit, which is only there for a node that hangs on its way out.
+  // (A node other than node 0 waits longer, for node 0 to give up on its own wait first.)
+  if (link && !report.ok())
+    link->wait_followed_nodes(std::chrono::milliseconds(spec.grace) + std::chrono::seconds(link->node_rank() == 0 ? 5 : 10));
   report.restarts = spec.restart_offset + attempt;
   report.unshown_bytes = out.close();  // of every attempt
   report.warm = warm;
@@ -787,6 +791,9 @@ RunReport Launcher::run() {
   } catch (const std::system_error& e) {
     out.say(e.what());  // the run itself is over; say so and go on
   }
+  // Only now do the connections close (what the link still has to say is sent first): a node
+  // that follows this one sees the close once this node's record is whole.
+  link.reset();
   return report;
 }
 

@@ -2,6 +2,8 @@
 // attempt, and when nothing more can come. No sockets: reports are fed in by hand.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "launch/link/link_group.hpp"
 
 using namespace airhost::detail;
@@ -201,4 +203,63 @@ TEST_CASE("an elastic group goes on without its lost and leaving nodes only when
   r.regroup(2, 0);
   CHECK_FALSE(r.gone(2));
   CHECK(r.nnodes() == 2);
+}
+
+namespace {
+
+// Every node of a star of `n` nodes hears the reports as the wire carries them (each node its
+// own, node 0 relaying to the others); then nodes end, each once the nodes it follows have
+// (an ended node's connection closes: node 0 sees each close, another node only node 0's).
+// The order in which they could end; shorter than `n` when some wait for each other.
+std::vector<int> end_order(int n, const std::vector<NodeDown>& reports) {
+  std::vector<GroupState> g;
+  for (int self = 0; self < n; ++self) g.emplace_back(n, self);
+  for (const auto& d : reports) {
+    g[0].report_down(0, d, d.node);
+    for (int k = 1; k < n; ++k) g[k].report_down(0, d, d.node == k ? k : 0);
+  }
+  std::vector<int> order;
+  std::vector<bool> ended(n, false);
+  for (bool moved = true; moved;) {
+    moved = false;
+    for (int k = 0; k < n; ++k) {
+      if (ended[k] || !g[k].followed_nodes_gone(0)) continue;
+      ended[k] = moved = true;
+      order.push_back(k);
+      if (k == 0)
+        for (int j = 1; j < n; ++j) g[j].connection_gone(0);
+      else
+        g[0].connection_gone(k);
+    }
+  }
+  return order;
+}
+
+}  // namespace
+
+TEST_CASE("after a failure no node waits for one that waits for it: the failing node ends first, node 0 next, then the rest") {
+  // Node 2's rank failed; every other node stops as a cascade (each says so for itself).
+  auto cascade = [](int k) { return down(k, "stopped its ranks (node 2 failed)", true); };
+  const auto order = end_order(5, {down(2, "failed: rank 2 exited with code 1"), cascade(0), cascade(1), cascade(3), cascade(4)});
+  REQUIRE(order.size() == 5);
+  CHECK(order[0] == 2);
+  CHECK(order[1] == 0);
+  // Node 0's own failure: it follows nobody, and the others follow it.
+  const auto hub_failed = end_order(4, {down(0, "failed: rank 0 exited with code 1"), down(1, "stopped", true),
+                                        down(2, "stopped", true), down(3, "stopped", true)});
+  REQUIRE(hub_failed.size() == 4);
+  CHECK(hub_failed[0] == 0);
+  // Two nodes failing on their own: both end first, node 0 after both.
+  const auto two = end_order(4, {down(1, "failed"), down(3, "failed"), down(0, "stopped", true), down(2, "stopped", true)});
+  REQUIRE(two.size() == 4);
+  CHECK(std::find(two.begin(), two.end(), 0) - two.begin() == 2);
+  // A lost node (its airhost killed) leaves nothing to wait for: every node ends at once.
+  NodeDown lost = down(3, "was lost: its connection closed");
+  lost.lost = true;
+  GroupState hub(4, 0), spoke(4, 1);
+  hub.connection_gone(3);
+  hub.report_down(0, lost, 0);
+  spoke.report_down(0, lost, 0);
+  CHECK(hub.followed_nodes_gone(0));
+  CHECK(spoke.followed_nodes_gone(0));
 }

@@ -328,3 +328,58 @@ def test_two_nodes_are_one_mlflow_run_that_every_rank_logs_into(airhost, tmp_pat
         assert len(client.get_metric_history(run.info.run_id, f"loss_{rank}")) == 10, rank
     assert f"MLFLOW_RUN_ID={run.info.run_id}\n" in (r1.run_dir / "tracking.env").read_text()
     assert "MLflow" not in r1.err  # node 1 made no run of its own
+
+
+# ---- every host out within moments, whatever --grace says (issue 41) ---------------------------
+
+FOLLOW_NODES = 4
+FOLLOW_BOUND = 5.0  # seconds from the event to the last host's exit; --grace is 12 times that
+
+
+@pytest.mark.parametrize("event, node_hit, rc_hit", [
+    ("rank fails", FOLLOW_NODES - 1, 1),
+    ("SIGTERM", 1, 143),
+    ("SIGINT", 0, 130),
+    ("SIGKILL", 2, -signal.SIGKILL),
+])
+def test_every_host_ends_within_moments_of_a_failure_whatever_the_grace(airhost, tmp_path, event, node_hit, rc_hit):
+    """A node that only follows another's end waits for the node it follows, never for a grace
+    period: with --grace 60 every host is out within a few seconds, each with the contract's
+    exit code (a wait for the grace, or a wait of two nodes for each other, would show here)."""
+    d = tmp_path / "stamps"
+    d.mkdir()
+    port = free_port()
+    hosts = [airhost.start(script("many_nodes.py"), "-n", "1", "--nnodes", str(FOLLOW_NODES), "--node-rank", str(k),
+                           "--master-addr", "127.0.0.1", "--master-port", str(port), "--join-timeout", "60",
+                           "--node-timeout", "30", "--grace", "60", "--", d)
+             for k in range(FOLLOW_NODES)]
+    ended = {}
+    try:
+        wait_for(lambda: all((d / f"up-{r}").exists() for r in range(FOLLOW_NODES)), 60, "every rank running")
+        t0 = time.monotonic()
+        if event == "rank fails":
+            (d / "fail").touch()
+        else:
+            hosts[node_hit].signal(getattr(signal, event))
+        deadline = t0 + 30
+        while len(ended) < FOLLOW_NODES and time.monotonic() < deadline:
+            for k, h in enumerate(hosts):
+                if k not in ended and h.proc.poll() is not None:
+                    ended[k] = time.monotonic() - t0
+            time.sleep(0.01)
+        runs = [h.finish(timeout=5, check_processes=(k != node_hit or event != "SIGKILL"))
+                for k, h in enumerate(hosts)]
+    finally:
+        for h in hosts:
+            if h.proc.poll() is None:
+                h.proc.kill()
+    for k, run in enumerate(runs):
+        run.assert_rc(rc_hit if k == node_hit else 138)
+    slowest = max(ended.values())
+    assert slowest < FOLLOW_BOUND, f"after {event} on node {node_hit} the hosts ended at " + \
+        ", ".join(f"node {k}: {s:.2f} s" for k, s in sorted(ended.items())) + "\n" + \
+        "\n".join(r.describe() for r in runs)
+    # The failing node's record is whole: its own outcome, not cut short by the others' exits.
+    if event == "rank fails":
+        assert runs[node_hit].run_json["outcome"] == "failed"
+        assert re.search(rf"rank {node_hit} exited with code 1", runs[0].run_json["message"])

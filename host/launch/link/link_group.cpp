@@ -18,6 +18,7 @@ const GroupState::Attempt* GroupState::find(int attempt) const {
 bool GroupState::report_down(int attempt, const NodeDown& report, int from) {
   Attempt& a = attempts_[attempt];
   if (from == report.node) a.said_down.insert(report.node);
+  if (!report.cascade && !report.lost && !report.grow) a.own_cause.insert(report.node);
   if (!a.heard.insert(report.node).second) return false;
   if (!a.first) a.first = report;
   if (!report.cascade && !a.first_real) a.first_real = report;
@@ -30,11 +31,11 @@ void GroupState::end(int attempt) { attempts_[attempt].ended = true; }
 
 void GroupState::connection_gone(int node) { gone_.insert(node); }
 
-bool GroupState::stopping_nodes_gone(int attempt) const {
+bool GroupState::followed_nodes_gone(int attempt) const {
   const Attempt* a = find(attempt);
-  if (!a) return true;
-  for (int n : a->said_down)
-    if (n != self_ && (hub() || n == 0) && !gone(n)) return false;
+  if (!a || a->own_cause.count(self_)) return true;
+  for (int n : a->own_cause)
+    if (hub() ? !gone(n) : !gone(0)) return false;
   return true;
 }
 

@@ -79,9 +79,14 @@ class GroupState {
   void came_back(int attempt, int node);
   // `node`'s connection closed or the node was declared lost: nothing more comes from it.
   void connection_gone(int node);
-  // Every node this one hears directly that said it stops its ranks in `attempt` has closed its
-  // connection (its airhost has ended): node 0 hears every node, another node node 0 alone.
-  bool stopping_nodes_gone(int attempt) const;
+  // The nodes this one follows in `attempt` have ended (their connections closed), so that its
+  // own exit cannot cut their records short. Only a node that stopped for a cause of its own
+  // (its rank failed, its timeout, Ctrl-C: a report that is neither a cascade nor a loss) is
+  // followed, and it follows nobody: node 0 follows each such node, another node follows
+  // node 0, which closes once they have. No node waits for one that waits for it, so the chain
+  // ends when the failing node does, at any number of nodes. True at once when this node
+  // stopped for a cause of its own, or nobody did.
+  bool followed_nodes_gone(int attempt) const;
   // An elastic job went on without its lost nodes: `nnodes` nodes from now on, this one `self`,
   // numbered anew, every node connected. What was said of earlier attempts stays theirs.
   void regroup(int nnodes, int self) {
@@ -112,6 +117,7 @@ class GroupState {
   struct Attempt {
     std::set<int> heard;      // nodes reported down
     std::set<int> said_down;  // nodes that reported their own teardown
+    std::set<int> own_cause;  // nodes reported down for a cause of their own (not a cascade, not lost)
     std::set<int> done;
     std::set<int> stopped, want_restart, leaving;
     std::optional<bool> decision;

@@ -896,10 +896,10 @@ std::optional<NodeDown> NodeLink::down() const {
   return impl_->group.verdict(impl_->attempt);
 }
 
-void NodeLink::wait_stopping_nodes(milliseconds limit) {
+void NodeLink::wait_followed_nodes(milliseconds limit) {
   Impl& s = *impl_;
   std::unique_lock lock(s.m);
-  s.cv.wait_for(lock, limit, [&] { return s.group.stopping_nodes_gone(s.attempt); });
+  s.cv.wait_for(lock, limit, [&] { return s.group.followed_nodes_gone(s.attempt); });
 }
 
 std::optional<NodeDown> NodeLink::wait_down(milliseconds limit) {

@@ -96,9 +96,10 @@ class NodeLink {
   std::optional<NodeDown> wait_down(std::chrono::milliseconds limit);
 
   // This node stopped its ranks because another node's failed: waits (up to `limit`) until the
-  // nodes that said they stop have ended, so that this node's exit (138) does not make a
-  // scheduler kill the failing node before it wrote its record (srun --kill-on-bad-exit).
-  void wait_stopping_nodes(std::chrono::milliseconds limit);
+  // nodes it follows have ended (GroupState::followed_nodes_gone), so that this node's exit
+  // (138) does not make a scheduler kill the failing node before it wrote its record
+  // (srun --kill-on-bad-exit). Returns at once on the failing node itself.
+  void wait_followed_nodes(std::chrono::milliseconds limit);
 
   // This node's ranks all succeeded: waits (up to `limit`, 0 = no limit) until every node
   // finished. nullopt when they all did; else what happened instead.
