@@ -111,6 +111,10 @@ std::string dirname_of(const std::string& path) {
 
 bool is_executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
 
+std::string json_quoted(std::string_view s) { return "\"" + json_escape(s) + "\""; }
+
+std::string single_quoted(std::string_view text) { return "'" + std::string(text) + "'"; }
+
 std::string json_escape(std::string_view s) {
   std::string out;
   out.reserve(s.size() + 8);

@@ -27,6 +27,9 @@ std::string executable_path();            // /proc/self/exe
 std::string dirname_of(const std::string& path);
 bool is_executable(const std::string& path);
 std::string json_escape(std::string_view s);  // contents of a JSON string, without quotes
+std::string json_quoted(std::string_view s);  // a JSON string: "…", escaped
+// 'text' as the user wrote it, for a message (no escaping: shell_quote is for the shell).
+std::string single_quoted(std::string_view text);
 // The pieces of `s` between each `sep`, empty ones kept: "a,,b" → {"a", "", "b"}; "" → {""}.
 std::vector<std::string> split(std::string_view s, char sep);
 std::string duration_text(std::chrono::milliseconds ms);  // "3 s", "1.5 s": a configured duration

@@ -13,7 +13,6 @@ namespace {
 
 constexpr std::size_t kMaxHosts = 100000;
 
-std::string single_quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 std::optional<long long> to_integer(std::string_view text) {
   long long value = 0;

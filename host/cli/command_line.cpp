@@ -8,6 +8,7 @@
 #include <optional>
 #include <string_view>
 
+#include "base/util.hpp"
 #include "cli/retention.hpp"
 
 namespace airhost::detail {
@@ -83,8 +84,6 @@ std::vector<std::string> long_flag_names() {
       if (n.size() > 2) names.push_back(n);
   return names;
 }
-
-std::string single_quoted(std::string_view text) { return "'" + std::string(text) + "'"; }
 
 constexpr std::string_view kScriptArgsHint =
     "script arguments go after `--`, e.g. airhost train.py -- --lr 0.1";

@@ -21,6 +21,7 @@
 #define TOML_EXCEPTIONS 1
 #include <toml++/toml.h>
 
+#include "base/util.hpp"
 #include "cli/retention.hpp"
 
 namespace airhost::detail {
@@ -167,7 +168,6 @@ std::optional<std::chrono::milliseconds> try_parse_duration(std::string_view tex
   return std::chrono::milliseconds(static_cast<std::int64_t>(total));
 }
 
-std::string single_quoted(std::string_view text) { return "'" + std::string(text) + "'"; }
 
 }  // namespace
 

@@ -40,7 +40,6 @@ std::string read_text(const std::string& path, bool& ok) {
   return ok ? std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()) : std::string();
 }
 
-std::string q(const std::string& s) { return "\"" + json_escape(s) + "\""; }
 
 std::string number(double v) {
   char buf[64];
@@ -518,17 +517,17 @@ std::string runs_table(const std::vector<RunRecord>& runs, double now, std::size
 std::string run_json_object(const RunRecord& r, double now) {
   std::ostringstream o;
   const double d = duration_of(r, now);
-  o << "{\"run_id\": " << q(r.id) << ", \"state\": " << q(r.state) << ", \"nnodes\": " << r.nnodes
+  o << "{\"run_id\": " << json_quoted(r.id) << ", \"state\": " << json_quoted(r.state) << ", \"nnodes\": " << r.nnodes
     << ", \"nprocs\": " << r.nprocs << ", \"started_at\": " << (r.started_at > 0 ? number(r.started_at) : "null")
     << ", \"ended_at\": " << (r.ended_at > 0 ? number(r.ended_at) : "null")
     << ", \"duration_seconds\": " << (d >= 0 ? number(d) : "null")
-    << ", \"exit_code\": " << (r.exit_code ? std::to_string(*r.exit_code) : "null") << ", \"entry\": " << q(r.entry)
+    << ", \"exit_code\": " << (r.exit_code ? std::to_string(*r.exit_code) : "null") << ", \"entry\": " << json_quoted(r.entry)
     << ", \"args\": [";
-  for (std::size_t k = 0; k < r.args.size(); ++k) o << (k ? ", " : "") << q(r.args[k]);
-  o << "], \"scheduler_job_id\": " << (r.scheduler_job_id.empty() ? "null" : q(r.scheduler_job_id))
-    << ", \"host_pid\": " << r.host_pid << ", \"hostname\": " << q(r.hostname) << ", \"run_dir\": " << q(r.dir)
-    << ", \"message\": " << q(r.message) << ", \"problem\": " << q(r.problem) << ", \"restarts\": " << r.restarts
-    << ", \"hang\": " << (r.hang.empty() ? "null" : q(r.hang)) << ", \"stacks\": " << (r.stacks.empty() ? "null" : q(r.stacks))
+  for (std::size_t k = 0; k < r.args.size(); ++k) o << (k ? ", " : "") << json_quoted(r.args[k]);
+  o << "], \"scheduler_job_id\": " << (r.scheduler_job_id.empty() ? "null" : json_quoted(r.scheduler_job_id))
+    << ", \"host_pid\": " << r.host_pid << ", \"hostname\": " << json_quoted(r.hostname) << ", \"run_dir\": " << json_quoted(r.dir)
+    << ", \"message\": " << json_quoted(r.message) << ", \"problem\": " << json_quoted(r.problem) << ", \"restarts\": " << r.restarts
+    << ", \"hang\": " << (r.hang.empty() ? "null" : json_quoted(r.hang)) << ", \"stacks\": " << (r.stacks.empty() ? "null" : json_quoted(r.stacks))
     << ", \"bytes\": " << (r.bytes ? std::to_string(*r.bytes) : "null") << ", \"kept\": " << (r.kept ? "true" : "false")
     << "}";
   return o.str();

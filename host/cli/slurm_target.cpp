@@ -13,7 +13,6 @@
 namespace airhost::detail {
 
 namespace {
-std::string q(const std::string& s) { return "\"" + json_escape(s) + "\""; }
 
 std::string trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
@@ -109,13 +108,13 @@ std::string pending_run_json(const BatchJob& job, const std::string& job_id, dou
   char at[64];
   std::snprintf(at, sizeof at, "%.6f", submitted_at);
   std::ostringstream o;
-  o << "{\n  \"run_id\": " << q(job.run_id) << ",\n  \"run_dir\": " << q(job.run_dir)
+  o << "{\n  \"run_id\": " << json_quoted(job.run_id) << ",\n  \"run_dir\": " << json_quoted(job.run_dir)
     << ",\n  \"state\": \"pending\",\n  \"outcome\": null,\n  \"exit_code\": null,\n  \"root_cause\": -1"
-    << ",\n  \"message\": " << q("run " + job.run_id + " is queued as Slurm job " + job_id)
+    << ",\n  \"message\": " << json_quoted("run " + job.run_id + " is queued as Slurm job " + job_id)
     << ",\n  \"submitted_at\": " << at << ",\n  \"started_at\": " << at << ",\n  \"ended_at\": null"
-    << ",\n  \"scheduler\": \"slurm\",\n  \"scheduler_job_id\": " << q(job_id) << ",\n  \"nnodes\": " << job.nodes
+    << ",\n  \"scheduler\": \"slurm\",\n  \"scheduler_job_id\": " << json_quoted(job_id) << ",\n  \"nnodes\": " << job.nodes
     << ",\n  \"nprocs\": 0,\n  \"node_rank\": 0,\n  \"launch\": [";
-  for (std::size_t i = 0; i < job.launch.size(); ++i) o << (i ? ", " : "") << q(job.launch[i]);
+  for (std::size_t i = 0; i < job.launch.size(); ++i) o << (i ? ", " : "") << json_quoted(job.launch[i]);
   o << "],\n  \"ranks\": []\n}\n";
   return o.str();
 }

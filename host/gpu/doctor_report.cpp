@@ -85,18 +85,17 @@ using doctor::format;
 using doctor::bytes_text;
 using doctor::no_gpu_reason;
 
-std::string q(const std::string& s) { return "\"" + json_escape(s) + "\""; }
 std::string num(double v) { return std::isfinite(v) ? format("%.3f", v) : "null"; }
 std::string boolean(bool b) { return b ? "true" : "false"; }
 
 std::string json_library(const LibraryStatus& l) {
-  return "{\"loaded\": " + boolean(l.loaded) + ", \"path\": " + q(l.path) + ", \"version\": " + q(l.version) +
-         ", \"error\": " + q(l.error) + "}";
+  return "{\"loaded\": " + boolean(l.loaded) + ", \"path\": " + json_quoted(l.path) + ", \"version\": " + json_quoted(l.version) +
+         ", \"error\": " + json_quoted(l.error) + "}";
 }
 
 std::string json_strings(const std::vector<std::string>& v) {
   std::string out = "[";
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + q(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + json_quoted(v[i]);
   return out + "]";
 }
 
@@ -244,33 +243,33 @@ std::string doctor_json(const DoctorReport& r) {
   std::string o = "{";
   o += "\"exit_code\": " + std::to_string(r.exit_code);
   o += ", \"ok\": " + boolean(r.exit_code == 0);
-  o += ", \"summary\": " + q(r.summary);
+  o += ", \"summary\": " + json_quoted(r.summary);
   o += ", \"problems\": " + json_strings(r.problems);
   o += ", \"notes\": " + json_strings(r.notes);
   o += ", \"nvml_loaded\": " + boolean(r.nvml_loaded);
-  o += ", \"nvml_error\": " + q(r.nvml_error);
-  o += ", \"driver_version\": " + q(r.driver_version);
-  o += ", \"cuda_driver_version\": " + q(r.cuda_driver_version);
+  o += ", \"nvml_error\": " + json_quoted(r.nvml_error);
+  o += ", \"driver_version\": " + json_quoted(r.driver_version);
+  o += ", \"cuda_driver_version\": " + json_quoted(r.cuda_driver_version);
   o += ", \"node_gpu_count\": " + std::to_string(r.node_gpu_count);
-  o += ", \"cuda_visible_devices\": " + (r.cuda_visible_devices_set ? q(r.cuda_visible_devices) : "null");
-  o += ", \"accelerator_type\": " + (r.accelerator_type.empty() ? std::string("null") : q(r.accelerator_type));
-  o += ", \"accelerators_toml\": " + q(r.accelerators_toml);
+  o += ", \"cuda_visible_devices\": " + (r.cuda_visible_devices_set ? json_quoted(r.cuda_visible_devices) : "null");
+  o += ", \"accelerator_type\": " + (r.accelerator_type.empty() ? std::string("null") : json_quoted(r.accelerator_type));
+  o += ", \"accelerators_toml\": " + json_quoted(r.accelerators_toml);
   o += ", \"gpus\": [";
   for (size_t i = 0; i < r.gpus.size(); ++i) {
     const auto& g = r.gpus[i];
     o += i ? ", {" : "{";
     o += "\"index\": " + std::to_string(g.index);
     o += ", \"cuda_device\": " + std::to_string(g.cuda_device);
-    o += ", \"name\": " + q(g.name);
-    o += ", \"uuid\": " + q(g.uuid);
-    o += ", \"pci_bus_id\": " + q(g.pci_bus_id);
+    o += ", \"name\": " + json_quoted(g.name);
+    o += ", \"uuid\": " + json_quoted(g.uuid);
+    o += ", \"pci_bus_id\": " + json_quoted(g.pci_bus_id);
     o += ", \"memory_total\": " + std::to_string(g.memory_total);
-    o += ", \"model\": " + q(g.model);
+    o += ", \"model\": " + json_quoted(g.model);
     o += ", \"memory_check\": {\"ran\": " + boolean(g.memory_checked) + ", \"ok\": " + boolean(g.memory_ok) +
          ", \"bytes\": " + std::to_string(g.memory_checked ? r.memory_bytes : 0) +
-         ", \"copy_gbps\": " + num(g.copy_gbps) + ", \"error\": " + q(g.memory_error) + "}";
+         ", \"copy_gbps\": " + num(g.copy_gbps) + ", \"error\": " + json_quoted(g.memory_error) + "}";
     o += ", \"compute_check\": {\"ran\": " + boolean(g.gemm_ran) + ", \"n\": " + std::to_string(r.gemm_n) +
-         ", \"sgemm_tflops\": " + num(g.gemm_tflops) + ", \"error\": " + q(g.gemm_error) + "}";
+         ", \"sgemm_tflops\": " + num(g.gemm_tflops) + ", \"error\": " + json_quoted(g.gemm_error) + "}";
     o += "}";
   }
   o += "]";
@@ -283,7 +282,7 @@ std::string doctor_json(const DoctorReport& r) {
   o += "]}";
   o += ", \"cuda_runtime\": " + json_library(r.cudart);
   o += ", \"cuda_device_count\": " + std::to_string(r.cuda_device_count);
-  o += ", \"cuda_device_error\": " + q(r.cuda_device_error);
+  o += ", \"cuda_device_error\": " + json_quoted(r.cuda_device_error);
   o += ", \"nccl\": " + json_library(r.nccl);
   o += ", \"cublas\": " + json_library(r.cublas);
   o += ", \"allreduce\": {\"ran\": " + boolean(r.allreduce_ran) + ", \"ranks\": " + std::to_string(r.allreduce_ranks) +

@@ -19,6 +19,7 @@
 #include "base/sigpipe.hpp"
 #include "base/unique_fd.hpp"
 #include "base/util.hpp"
+#include "base/uv_handle.hpp"
 #include "launch/output/rank_output.hpp"
 #include "launch/procs/escapees.hpp"
 #include "launch/procs/group_guard.hpp"
@@ -35,9 +36,6 @@ namespace {
 // How long pipes may stay open after their rank exited: a grandchild (a DataLoader worker,
 // say) can hold them. Its process group is killed at exit, so this is only a safety net.
 constexpr uint64_t kDrainMs = 3000;
-
-template <typename H>
-uv_handle_t* as_handle(H* h) { return reinterpret_cast<uv_handle_t*>(h); }
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "base/util.hpp"
+#include "base/uv_handle.hpp"
 #include "launch/procs/proc_tree.hpp"
 
 namespace airhost::detail {
@@ -16,9 +17,6 @@ constexpr std::size_t kFlushAt = 1u << 20;
 // A partial line is held this long for its end before it is shown (LiveSplitter).
 constexpr std::uint64_t kQuietMs = 150;
 constexpr std::uint64_t kResumeCheckMs = 5;
-
-template <typename H>
-uv_handle_t* as_handle(H* h) { return reinterpret_cast<uv_handle_t*>(h); }
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "base/util.hpp"
+#include "base/uv_handle.hpp"
 #include "launch/procs/group_guard.hpp"
 
 namespace airhost::detail {
@@ -39,9 +40,6 @@ constexpr uint64_t kSweepMs = 1000;
 // After the run: how long the host waits for the processes it killed and adopted to die, so
 // that it can reap them before it returns.
 constexpr double kReapSeconds = 2.0;
-
-template <typename H>
-uv_handle_t* as_handle(H* h) { return reinterpret_cast<uv_handle_t*>(h); }
 
 }  // namespace
 

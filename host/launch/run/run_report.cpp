@@ -43,7 +43,6 @@ const char* to_string(Outcome o) noexcept {
 namespace airhost::detail {
 namespace {
 
-std::string q(std::string_view s) { return "\"" + json_escape(s) + "\""; }
 
 std::string first_line(const std::string& s) {
   auto nl = s.find('\n');
@@ -206,16 +205,16 @@ void host_fields(std::ostringstream& o, const LaunchSpec& spec, double started_a
   const std::string job = getenv_or("SLURM_JOB_ID", "");
   o << ",\n  \"started_at\": " << number(started_at) << ",\n  \"ended_at\": "
     << (ended_at > 0 ? number(ended_at) : "null") << ",\n  \"host_pid\": " << ::getpid()
-    << ",\n  \"host_start_ticks\": " << (have_stat ? self.start : 0) << ",\n  \"hostname\": " << q(hostname)
+    << ",\n  \"host_start_ticks\": " << (have_stat ? self.start : 0) << ",\n  \"hostname\": " << json_quoted(hostname)
     << ",\n  \"host_handles_signals\": " << (spec.handle_signals ? "true" : "false")
-    << ",\n  \"scheduler_job_id\": " << (job.empty() ? "null" : q(job));
+    << ",\n  \"scheduler_job_id\": " << (job.empty() ? "null" : json_quoted(job));
 }
 
 void entry_fields(std::ostringstream& o, const LaunchSpec& spec) {
   o << ",\n  \"max_restarts\": " << spec.max_restarts << ",\n  \"entry\": {\"kind\": "
-    << q(kind_name(spec.entry.kind)) << ", \"target\": " << q(spec.entry.target) << ", \"function\": "
-    << q(spec.entry.function) << ", \"args\": [";
-  for (std::size_t i = 0; i < spec.entry.args.size(); ++i) o << (i ? ", " : "") << q(spec.entry.args[i]);
+    << json_quoted(kind_name(spec.entry.kind)) << ", \"target\": " << json_quoted(spec.entry.target) << ", \"function\": "
+    << json_quoted(spec.entry.function) << ", \"args\": [";
+  for (std::size_t i = 0; i < spec.entry.args.size(); ++i) o << (i ? ", " : "") << json_quoted(spec.entry.args[i]);
   // Beside "entry", not in it: readers compare that object whole. `train.py:main` and
   // `-m pkg:main` are both kind "function"; this tells them apart for `airhost runs`.
   o << "]},\n  \"entry_is_module\": " << (spec.entry.module_target ? "true" : "false") << ",\n  \"nprocs\": " << spec.nprocs << ",\n  \"nnodes\": " << spec.nnodes << ",\n  \"node_rank\": "
@@ -250,14 +249,14 @@ namespace {
 
 void rank_fields(std::ostringstream& o, const RankReport& r) {
   o << "{\"rank\": " << r.rank << ", \"local_rank\": " << r.local_rank << ", \"pid\": " << r.pid
-    << ", \"state\": " << q(to_string(r.state)) << ", \"exit_code\": " << r.exit_code << ", \"signal\": " << r.term_signal
-    << ", \"signal_name\": " << (r.term_signal ? q(signal_name(r.term_signal)) : "null") << ", \"has_result\": "
+    << ", \"state\": " << json_quoted(to_string(r.state)) << ", \"exit_code\": " << r.exit_code << ", \"signal\": " << r.term_signal
+    << ", \"signal_name\": " << (r.term_signal ? json_quoted(signal_name(r.term_signal)) : "null") << ", \"has_result\": "
     << (r.result || r.result_blob ? "true" : "false") << ", \"started_at\": " << number(r.started_at)
-    << ", \"ended_at\": " << number(r.ended_at) << ", \"stdout_log\": " << q(r.stdout_log)
-    << ", \"stderr_log\": " << q(r.stderr_log) << ", \"error\": ";
+    << ", \"ended_at\": " << number(r.ended_at) << ", \"stdout_log\": " << json_quoted(r.stdout_log)
+    << ", \"stderr_log\": " << json_quoted(r.stderr_log) << ", \"error\": ";
   if (r.error) {
-    o << "{\"type\": " << q(r.error->type) << ", \"message\": " << q(r.error->message)
-      << ", \"time\": " << number(r.error->time) << ", \"traceback\": " << q(r.error->traceback) << "}";
+    o << "{\"type\": " << json_quoted(r.error->type) << ", \"message\": " << json_quoted(r.error->message)
+      << ", \"time\": " << number(r.error->time) << ", \"traceback\": " << json_quoted(r.error->traceback) << "}";
   } else {
     o << "null";
   }
@@ -269,11 +268,11 @@ void rank_fields(std::ostringstream& o, const RankReport& r) {
 std::string run_json_started(const LaunchSpec& spec, double started_at, const std::vector<RankReport>& ranks,
                              int restarts, const std::vector<std::string>& failed_attempts) {
   std::ostringstream o;
-  o << "{\n  \"run_id\": " << q(spec.run_id) << ",\n  \"run_dir\": " << q(spec.run_dir)
+  o << "{\n  \"run_id\": " << json_quoted(spec.run_id) << ",\n  \"run_dir\": " << json_quoted(spec.run_dir)
     << ",\n  \"state\": \"running\",\n  \"outcome\": null,\n  \"exit_code\": null,\n  \"root_cause\": -1"
-    << ",\n  \"message\": " << q("run " + spec.run_id + " is running") << ",\n  \"wall_seconds\": 0"
+    << ",\n  \"message\": " << json_quoted("run " + spec.run_id + " is running") << ",\n  \"wall_seconds\": 0"
     << ",\n  \"restarts\": " << (restarts >= 0 ? restarts : spec.restart_offset) << ",\n  \"failed_attempts\": [";
-  for (std::size_t i = 0; i < failed_attempts.size(); ++i) o << (i ? ", " : "") << q(failed_attempts[i]);
+  for (std::size_t i = 0; i < failed_attempts.size(); ++i) o << (i ? ", " : "") << json_quoted(failed_attempts[i]);
   o << "]";
   host_fields(o, spec, started_at, 0);
   entry_fields(o, spec);
@@ -305,27 +304,27 @@ std::string run_json(const RunReport& report, const LaunchSpec& spec, double sta
   const std::string message = state == "cancelled" && report.outcome == Outcome::interrupted
                                   ? "run " + report.run_id + " was cancelled (airhost cancel); every rank was stopped"
                                   : report.message;
-  o << "{\n  \"run_id\": " << q(report.run_id) << ",\n  \"run_dir\": " << q(report.run_dir)
-    << ",\n  \"state\": " << q(state)
-    << ",\n  \"outcome\": " << q(to_string(report.outcome)) << ",\n  \"exit_code\": " << report.exit_code
-    << ",\n  \"root_cause\": " << report.root_cause << ",\n  \"message\": " << q(message)
+  o << "{\n  \"run_id\": " << json_quoted(report.run_id) << ",\n  \"run_dir\": " << json_quoted(report.run_dir)
+    << ",\n  \"state\": " << json_quoted(state)
+    << ",\n  \"outcome\": " << json_quoted(to_string(report.outcome)) << ",\n  \"exit_code\": " << report.exit_code
+    << ",\n  \"root_cause\": " << report.root_cause << ",\n  \"message\": " << json_quoted(message)
     << ",\n  \"wall_seconds\": " << number(report.wall_seconds) << ",\n  \"restarts\": " << report.restarts
-    << ",\n  \"hang\": " << (report.hang.empty() ? std::string("null") : q(report.hang))
-    << ",\n  \"warning_signal\": " << (report.warning_signal ? q(signal_name(report.warning_signal)) : "null")
+    << ",\n  \"hang\": " << (report.hang.empty() ? std::string("null") : json_quoted(report.hang))
+    << ",\n  \"warning_signal\": " << (report.warning_signal ? json_quoted(signal_name(report.warning_signal)) : "null")
     << ",\n  \"incomplete_logs\": [";
-  for (std::size_t i = 0; i < report.incomplete_logs.size(); ++i) o << (i ? ", " : "") << q(report.incomplete_logs[i]);
+  for (std::size_t i = 0; i < report.incomplete_logs.size(); ++i) o << (i ? ", " : "") << json_quoted(report.incomplete_logs[i]);
   o << "],\n  \"trimmed_logs\": [";
-  for (std::size_t i = 0; i < report.trimmed_logs.size(); ++i) o << (i ? ", " : "") << q(report.trimmed_logs[i]);
+  for (std::size_t i = 0; i < report.trimmed_logs.size(); ++i) o << (i ? ", " : "") << json_quoted(report.trimmed_logs[i]);
   o << "]"
     << ",\n  \"failed_attempts\": [";
-  for (std::size_t i = 0; i < report.failed_attempts.size(); ++i) o << (i ? ", " : "") << q(report.failed_attempts[i]);
+  for (std::size_t i = 0; i < report.failed_attempts.size(); ++i) o << (i ? ", " : "") << json_quoted(report.failed_attempts[i]);
   o << "],\n  \"attempts\": [";
   for (std::size_t i = 0; i < report.attempts.size(); ++i) {
     const auto& a = report.attempts[i];
     o << (i ? "," : "") << "\n    {\"attempt\": " << a.attempt << ", \"nnodes\": " << a.nnodes << ", \"node_rank\": "
       << a.node_rank << ", \"nodes\": [";
-    for (std::size_t k = 0; k < a.nodes.size(); ++k) o << (k ? ", " : "") << q(a.nodes[k]);
-    o << "], \"began\": " << q(a.began) << "}";
+    for (std::size_t k = 0; k < a.nodes.size(); ++k) o << (k ? ", " : "") << json_quoted(a.nodes[k]);
+    o << "], \"began\": " << json_quoted(a.began) << "}";
   }
   o << (report.attempts.empty() ? "]" : "\n  ]");
   host_fields(o, spec, started_at, started_at + report.wall_seconds);

@@ -9,6 +9,7 @@
 
 #include "base/files.hpp"
 #include "base/util.hpp"
+#include "base/uv_handle.hpp"
 #include "launch/procs/proc_tree.hpp"
 #include "launch/rank/frames.hpp"
 #include "launch/watch/flight_recorder.hpp"
@@ -21,9 +22,6 @@ namespace {
 constexpr std::uint64_t kFlightRecorderWaitMs = 10000;
 // How often the host samples what each rank uses (rank_usage.hpp).
 constexpr std::uint64_t kUsageEveryMs = 5000;
-
-template <typename H>
-uv_handle_t* as_handle(H* h) { return reinterpret_cast<uv_handle_t*>(h); }
 
 }  // namespace
 

@@ -18,6 +18,7 @@
 #include <system_error>
 
 #include "base/util.hpp"
+#include "base/uv_handle.hpp"
 #include "launch/run/run_dir.hpp"
 
 namespace airhost::detail {
@@ -29,9 +30,6 @@ constexpr std::size_t kMaxRequest = 256;
 constexpr long kSampleIntervalMs = 100;
 // What a client may ask to sample for.
 constexpr long kMinSampleMs = 100, kMaxSampleMs = 3600 * 1000;
-
-template <typename H>
-uv_handle_t* as_handle(H* h) { return reinterpret_cast<uv_handle_t*>(h); }
 
 std::string read_small_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
