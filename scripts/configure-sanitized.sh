@@ -32,6 +32,7 @@ case "$kind" in
     ;;
   *) echo "configure-sanitized.sh: asan or tsan, not $kind" >&2; exit 2 ;;
 esac
-CC=$CC CXX=$CXX cmake -S . -B "$dir" -G Ninja -DAIRHOST_BUILD_PYTHON=OFF \
+# A unity build (CMakeLists.txt): these trees are built whole, once per run.
+CC=$CC CXX=$CXX cmake -S . -B "$dir" -G Ninja -DAIRHOST_BUILD_PYTHON=OFF -DAIRHOST_UNITY_BUILD=ON \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPython3_EXECUTABLE="$PY" "${extra[@]}" -DCMAKE_C_FLAGS="$SAN" \
   -DCMAKE_EXE_LINKER_FLAGS="$SAN" -DCMAKE_SHARED_LINKER_FLAGS="$SAN" >/dev/null

@@ -12,9 +12,16 @@
 # What is not checked, and why, is in tests/sanitizers/README.md. scripts/test.sh runs this
 # (AIRHOST_TEST_SANITIZE=0 skips it); AIRHOST_SANITIZE_TSAN=0 skips step 2.
 # Needs clang 16+ with its runtime (Debian 12: clang-16, libclang-rt-16-dev) and the .venv.
+#
+#   scripts/sanitize.sh          build both trees, then run
+#   scripts/sanitize.sh build    build both trees only (scripts/test.sh does it in the background)
+#   scripts/sanitize.sh run      build what is missing, then run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
+mode=${1:-all}
+case "$mode" in all|build|run) ;; *) echo "sanitize.sh: build, run or nothing, not $mode" >&2; exit 2 ;; esac
+tsan=${AIRHOST_SANITIZE_TSAN:-1}
 PY=${AIRHOST_FUZZ_PYTHON:-$ROOT/.venv/bin/python}
 LOGS=$ROOT/build/sanitize-logs
 rm -rf "$LOGS" && mkdir -p "$LOGS"
@@ -39,10 +46,20 @@ export ASAN_OPTIONS="detect_leaks=1:check_initialization_order=1:strict_init_ord
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$LOGS/asan-ubsan:log_exe_name=1"
 export TSAN_OPTIONS="second_deadlock_stack=1:suppressions=$ROOT/tests/sanitizers/tsan.supp:log_path=$LOGS/tsan:log_exe_name=1"
 
-# --- 1. ASan + UBSan ---------------------------------------------------------------------------
+# --- the two trees ------------------------------------------------------------------------------
 scripts/configure-sanitized.sh asan
 cmake --build build/fuzz -j "$(nproc)" --target airhost_tests airhost_cli airhost_rank airhost_rank_py
 step "ASan+UBSan: built"
+if [ "$tsan" = 1 ]; then
+  scripts/configure-sanitized.sh tsan
+  # airhost_cli: test_doctor.cpp runs the airhost binary beside the tests. No rank here: a rank
+  # is not run under TSan (AIRHOST_TEST_RANK_BINARY below, tests/sanitizers/README.md).
+  cmake --build build/tsan -j "$(nproc)" --target airhost_tests airhost_cli
+  step "TSan: built"
+fi
+[ "$mode" = build ] && exit 0
+
+# --- 1. ASan + UBSan ---------------------------------------------------------------------------
 build/fuzz/airhost_tests --no-version=true --minimal=true
 no_reports "ASan+UBSan: doctest suite"
 step "ASan+UBSan: doctest suite passed"
@@ -82,17 +99,12 @@ SLICE=(
   tests/py/test_warm.py::test_a_killed_warm_server_fails_its_ranks_clearly
 )
 AIRHOST_TEST_AIRHOST=$ROOT/build/fuzz/airhost AIRHOST_TEST_BUILD_DIR=$ROOT/build/fuzz \
-  "$PY" -m pytest -q -p no:cacheprovider "${SLICE[@]}"
+  "$PY" -m pytest -q -p no:cacheprovider -n 2 "${SLICE[@]}"
 no_reports "ASan+UBSan: end-to-end slice"
 step "ASan+UBSan: end-to-end slice passed"
 
 # --- 2. ThreadSanitizer ------------------------------------------------------------------------
-if [ "${AIRHOST_SANITIZE_TSAN:-1}" = 1 ]; then
-  scripts/configure-sanitized.sh tsan
-  # airhost_cli: test_doctor.cpp runs the airhost binary beside the tests. No rank here: a rank
-  # is not run under TSan (AIRHOST_TEST_RANK_BINARY below, tests/sanitizers/README.md).
-  cmake --build build/tsan -j "$(nproc)" --target airhost_tests airhost_cli
-  step "TSan: built"
+if [ "$tsan" = 1 ]; then
   # test_fault_guard.cpp is left out: read_guarded runs its read in a task cloned with CLONE_VM
   # and no thread of its own, which TSan's clone interceptor takes for a forked child (its
   # runtime fails a CHECK in the task). The host never calls it; ranks do, and they are ASan's.

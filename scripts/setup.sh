@@ -38,7 +38,7 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # torch 2.13.0 CPU first, pinned: an unpinned "torch" would pull a multi-GB CUDA build.
 "${PIP[@]}" "torch==2.13.0" numpy cloudpickle fsspec "scikit-build-core>=0.10" "pybind11>=2.10" ninja
 if [ "${AIRHOST_SETUP_TEST_DEPS:-0}" = 1 ]; then
-  "${PIP[@]}" pytest pytest-timeout mlflow nbclient nbformat ipykernel lightning accelerate "ray[default]"
+  "${PIP[@]}" pytest pytest-timeout pytest-xdist mlflow nbclient nbformat ipykernel lightning accelerate "ray[default]"
   # DeepSpeed is an sdist that imports torch to build: against the torch above, not a
   # build-isolation download of another one.
   "${PIP[@]}" --no-build-isolation "deepspeed==0.19.8"

@@ -1,37 +1,159 @@
 #!/usr/bin/env bash
-# Runs every test: the doctest suite (C++) and the pytest suite (end to end, real torch/gloo).
+# test.sh — every test: the doctest suite (C++), the fuzz targets, the sanitizers, the sdist and
+# the four wheels, the whole pytest suite (end to end, real torch/gloo), then the performance
+# guard. CI runs exactly this (.ci/run). docs/testing.md says what each part checks and when to
+# run which.
+#
+#   scripts/test.sh                 everything, as CI does (set-up included)
+#   scripts/test.sh --quick         the inner loop: an incremental build, the doctest suite and
+#                                   an end-to-end slice through every room (~2 min after an edit)
+#   scripts/test.sh [PYTEST ARGS]   everything, with these arguments for the pytest suite
+#                                   (-k EXPR, a file, -x ...)
+#
+# Where the minutes go: the compiles that nothing in the pytest suite needs (the fuzz targets,
+# the ASan and TSan trees, the wheels) run in the background at the lowest CPU priority while
+# the pytest suite, which mostly waits on processes, runs in parallel (pytest-xdist); what uses
+# those builds runs once they are done. A table at the end says how long each part took (also
+# in build/test-logs/phases.txt), and pytest lists its slowest tests.
+# AIRHOST_TEST_FUZZ=0, AIRHOST_TEST_SANITIZE=0, AIRHOST_TEST_WHEELS=0 and AIRHOST_TEST_GUARD=0
+# skip a part; AIRHOST_TEST_WORKERS sets the pytest workers (default: 3 per 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-AIRHOST_SETUP_TEST_DEPS=1 scripts/setup.sh
+ROOT=$(pwd)
+LOGS=$ROOT/build/test-logs
+mkdir -p "$LOGS"
+quick=0
+if [ "${1:-}" = --quick ]; then quick=1; shift; fi
+PY=$ROOT/.venv/bin/python
+WORKERS=${AIRHOST_TEST_WORKERS:-$(( $(nproc) * 3 / 2 > 1 ? $(nproc) * 3 / 2 : 2 ))}
 
+# --- the phase table ----------------------------------------------------------------------------
+TABLE=$LOGS/phases.txt
+: >"$TABLE"
+T_START=$(date +%s)
+now() { date +%s; }
+# phase NAME CMD...: runs CMD in the foreground and notes how long it took.
+phase() {
+  local name=$1 t0 rc=0
+  shift
+  t0=$(now)
+  echo "test.sh: $name" >&2
+  "$@" || rc=$?
+  printf '%-34s %5d s%s\n' "$name" "$(( $(now) - t0 ))" "$([ $rc = 0 ] || echo "  FAILED (exit $rc)")" >>"$TABLE"
+  return $rc
+}
+# background NAME CMD...: runs CMD behind the foreground at the lowest CPU and I/O priority,
+# its output in build/test-logs/NAME.log; settle NAME waits for it and fails as it did.
+declare -A BG_PID
+background() {
+  local name=$1
+  shift
+  echo "test.sh: $name (in the background, build/test-logs/$name.log)" >&2
+  ( t0=$(now); rc=0
+    renice -n 19 -p $BASHPID >/dev/null; ionice -c 3 -p $BASHPID 2>/dev/null || true
+    "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
+    printf '%-34s %5d s (background)%s\n' "$name" "$(( $(now) - t0 ))" "$([ $rc = 0 ] || echo "  FAILED (exit $rc)")" >>"$TABLE"
+    exit $rc ) &
+  BG_PID[$name]=$!
+}
+settle() {
+  local name=$1 rc=0 t0
+  t0=$(now)
+  wait "${BG_PID[$name]}" || rc=$?
+  unset "BG_PID[$name]"
+  printf '%-34s %5d s\n' "(waited for $name)" "$(( $(now) - t0 ))" >>"$TABLE"
+  if [ $rc != 0 ]; then
+    tail -n 80 "$LOGS/$name.log" >&2
+    echo "test.sh: $name failed (exit $rc); its whole output is in build/test-logs/$name.log" >&2
+    return $rc
+  fi
+}
+finish() {
+  local rc=$?
+  for pid in "${BG_PID[@]}"; do kill -- "$pid" 2>/dev/null || true; done
+  printf '%-34s %5d s%s\n' "total" "$(( $(now) - T_START ))" "$([ $rc = 0 ] || echo "  FAILED")" >>"$TABLE"
+  echo "--- test.sh: where the time went ---" >&2
+  cat "$TABLE" >&2
+}
+trap finish EXIT
+
+build_dev() {
+  # The C++ tests and the test helpers (the fake NVML) build in their own tree; ccache, where
+  # it is installed, makes a rebuild after switching branches cheap.
+  # Under CI (a fresh clone, built once) its sources compile in batches (AIRHOST_UNITY_BUILD).
+  local extra=()
+  command -v ccache >/dev/null && extra=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+  [ -n "${CI:-}" ] && extra+=(-DAIRHOST_UNITY_BUILD=ON)
+  if [ ! -f build/dev/build.ninja ]; then
+    cmake -S . -B build/dev -G Ninja -DAIRHOST_BUILD_PYTHON=OFF -DPython3_EXECUTABLE="$PY" \
+      -DAIRHOST_GPU_SDK="$ROOT/build/gpu-sdk" "${extra[@]}" >/dev/null || return $?
+  fi
+  cmake --build build/dev -j "$(nproc)"
+}
+export AIRHOST_TEST_BUILD_DIR=$ROOT/build/dev
+
+if [ $quick = 1 ]; then
+  # --- the quick tier: no set-up, no sanitizer, no wheel; the tree must have been built once --
+  [ -x "$PY" ] && [ -d build/gpu-sdk ] || { echo "test.sh --quick: run scripts/test.sh once first (it sets up .venv and build/)" >&2; exit 2; }
+  phase "build (incremental)" build_dev
+  phase "doctest suite" build/dev/airhost_tests --no-version=true --minimal=true
+  # One end-to-end test or a few per room, with build/dev's airhost (the one just built): a
+  # launch and its output, a failure, a warm launch, two nodes (a failure and a lost node),
+  # four nodes ending at once, the stacks, the Python API's call.
+  QUICK=(
+    tests/py/test_cli_e2e.py::test_script_arguments_after_the_double_dash_reach_sys_argv_exactly
+    tests/py/test_cli_e2e.py::test_a_script_function_target_returns_each_ranks_value_in_results_pickles
+    tests/py/test_failures.py
+    tests/py/test_warm.py::test_a_warm_launch_forks_ranks_with_their_own_pid_group_env_and_logs
+    tests/py/test_warm.py::test_a_failing_warm_rank_tears_the_group_down_and_leaves_no_process
+    tests/py/test_multinode.py::test_two_nodes_form_one_world_of_four_ranks
+    tests/py/test_multinode.py::test_a_rank_failing_on_node_1_stops_node_0_naming_node_and_rank
+    tests/py/test_multinode.py::test_killing_node_1s_airhost_ends_node_0_at_once
+    tests/py/test_multinode.py::test_every_host_ends_within_moments_of_a_failure_whatever_the_grace
+    tests/py/test_stacks.py::test_stacks_name_the_rank_in_its_data_loading_first_and_the_others_all_reduce
+    tests/py/test_stacks.py::test_stacks_on_node_0_show_every_rank_of_every_node_the_odd_one_on_node_1_first
+  )
+  phase "end-to-end slice" env AIRHOST_TEST_AIRHOST="$ROOT/build/dev/airhost" \
+    "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" "${QUICK[@]}" "$@"
+  exit 0
+fi
+
+# --- everything ---------------------------------------------------------------------------------
+phase "set-up (packages, .venv, airhost)" env AIRHOST_SETUP_TEST_DEPS=1 scripts/setup.sh
 # NVIDIA's headers, CUDA runtime and NCCL from their wheels (1.1 GB to download, once): the C++
 # tests check airhost's own declarations of them against the headers, and run the doctor
 # with the real libraries on this GPU-less machine.
-.venv/bin/python scripts/fetch-gpu-sdk.py build/gpu-sdk
+phase "NVIDIA headers and libraries" "$PY" scripts/fetch-gpu-sdk.py build/gpu-sdk
+phase "build: doctest suite, helpers" build_dev
 
-# The C++ tests and the test helpers (the fake NVML) build in their own tree.
-cmake -S . -B build/dev -G Ninja -DAIRHOST_BUILD_PYTHON=OFF -DPython3_EXECUTABLE="$(pwd)/.venv/bin/python" \
-  -DAIRHOST_GPU_SDK="$(pwd)/build/gpu-sdk" >/dev/null
-cmake --build build/dev -j "$(nproc)"
-(cd build/dev && ctest --output-on-failure)
+# Behind the foreground, one after the other (each uses both cores when the foreground waits):
+#  - every parser of outside bytes under libFuzzer, AddressSanitizer and UBSan, from its corpus
+#    (tests/fuzz/), a fixed number of runs from a fixed seed: the same inputs each time;
+#  - the ASan+UBSan and TSan trees of scripts/sanitize.sh, built (it runs them further down);
+#  - the sdist and a wheel per CPython 3.10-3.13, as users install them.
+bg_builds() {
+  if [ "${AIRHOST_TEST_FUZZ:-1}" = 1 ]; then scripts/fuzz.sh || return $?; fi
+  if [ "${AIRHOST_TEST_SANITIZE:-1}" = 1 ]; then scripts/sanitize.sh build || return $?; fi
+  if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then scripts/build-wheels.sh || return $?; fi
+}
+background "fuzz, sanitizer builds, wheels" bg_builds
 
-# Every parser of outside bytes under libFuzzer, AddressSanitizer and UBSan, from its corpus
-# (tests/fuzz/), a fixed number of runs from a fixed seed: the same inputs each time; a longer
-# search is `scripts/fuzz.sh SECONDS`. AIRHOST_TEST_FUZZ=0 skips this.
-if [ "${AIRHOST_TEST_FUZZ:-1}" = 1 ]; then scripts/fuzz.sh; fi
+phase "doctest suite" build/dev/airhost_tests --no-version=true --minimal=true
+# The whole pytest suite but the wheels' file, in parallel (tests/py/conftest.py: each test
+# has its own ports, run directories and process checks).
+phase "pytest suite ($WORKERS workers)" "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" --durations=25 \
+  --ignore=tests/py/test_wheels.py "$@"
 
-# The doctest suite and a slice of the end-to-end suite under AddressSanitizer and UBSan (in
-# build/fuzz, beside the fuzz targets), the doctest suite under ThreadSanitizer (build/tsan); a
-# single report fails (tests/sanitizers/README.md: what is exempt, and why).
-# AIRHOST_TEST_SANITIZE=0 skips this.
-if [ "${AIRHOST_TEST_SANITIZE:-1}" = 1 ]; then scripts/sanitize.sh; fi
-
-# The sdist and a wheel per CPython 3.10-3.13, as users install them: tests/py/test_wheels.py
-# installs each into a fresh venv with no compiler in reach (AIRHOST_TEST_WHEELS=0 skips this).
+phase "(waiting for the background builds)" settle "fuzz, sanitizer builds, wheels"
+# The doctest suite and a slice of the end-to-end suite under ASan and UBSan, the doctest suite
+# under TSan; a single report fails (tests/sanitizers/README.md: what is exempt, and why).
+if [ "${AIRHOST_TEST_SANITIZE:-1}" = 1 ]; then phase "sanitizers: run" scripts/sanitize.sh run; fi
+# tests/py/test_wheels.py installs the sdist and each wheel into a fresh venv with no compiler
+# in reach.
 if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then
-  scripts/build-wheels.sh
-  export AIRHOST_TEST_DIST="$(pwd)/dist"
+  phase "wheels and sdist installed" env AIRHOST_TEST_DIST="$ROOT/dist" \
+    "$PY" -m pytest -q -p no:cacheprovider -n 2 tests/py/test_wheels.py
 fi
-
-export AIRHOST_TEST_BUILD_DIR="$(pwd)/build/dev"
-.venv/bin/python -m pytest -q "$@"
+# Small versions of the benchmarks, each against its peer in the same run (bench/guard.py): a
+# figure several times worse than its bound fails the run; its table stays in the log.
+if [ "${AIRHOST_TEST_GUARD:-1}" = 1 ]; then phase "performance guard" "$PY" bench/guard.py --json-file "$LOGS/guard.json"; fi

@@ -116,8 +116,6 @@ bool waits_in_collective(const RankStacks& r) {
   return false;
 }
 
-std::string quoted(std::string_view s) { return "\"" + json_escape(s) + "\""; }
-
 }  // namespace
 
 std::optional<RankStacks> parse_dump(std::string_view text, unsigned seq) {
@@ -266,7 +264,7 @@ const ThreadStack* main_thread(const RankStacks& r) {
 std::string group_ranks_fields(const std::vector<int>& ranks) {
   std::string list;
   for (int r : ranks) list += (list.empty() ? "" : ", ") + std::to_string(r);
-  return "\"ranks\": [" + list + "], \"ranges\": " + quoted(rank_ranges(ranks));
+  return "\"ranks\": [" + list + "], \"ranges\": " + json_quoted(rank_ranges(ranks));
 }
 
 std::vector<std::vector<std::size_t>> group_ranks(const std::vector<RankStacks>& ranks) {
@@ -307,8 +305,8 @@ std::string render_text(const StacksSnapshot& s, bool all_threads) {
 }
 
 std::string render_json(const StacksSnapshot& s) {
-  std::string out = "{\"run_id\": " + quoted(s.run_id) + ", \"taken_at\": " + std::to_string(s.taken_at) +
-                    ", \"file\": " + (s.file.empty() ? std::string("null") : quoted(s.file)) + ",\n \"groups\": [";
+  std::string out = "{\"run_id\": " + json_quoted(s.run_id) + ", \"taken_at\": " + std::to_string(s.taken_at) +
+                    ", \"file\": " + (s.file.empty() ? std::string("null") : json_quoted(s.file)) + ",\n \"groups\": [";
   const auto groups = group_ranks(s.ranks);
   for (std::size_t k = 0; k < groups.size(); ++k) {
     std::vector<int> numbers;
@@ -317,7 +315,7 @@ std::string render_json(const StacksSnapshot& s) {
     const ThreadStack* main = main_thread(first);
     const std::string where = !first.answered ? unanswered_text(first) : main ? where_text(*main) : "no stack";
     out += std::string(k ? ",\n  " : "\n  ") + "{" + group_ranks_fields(numbers) +
-           ", \"answered\": " + (first.answered ? "true" : "false") + ", \"where\": " + quoted(where) + "}";
+           ", \"answered\": " + (first.answered ? "true" : "false") + ", \"where\": " + json_quoted(where) + "}";
   }
   out += "],\n \"ranks\": [";
   for (std::size_t k = 0; k < s.ranks.size(); ++k) {
@@ -326,19 +324,19 @@ std::string render_json(const StacksSnapshot& s) {
     out += std::string(k ? ",\n  " : "\n  ") + "{\"rank\": " + std::to_string(r.rank) +
            ", \"local_rank\": " + std::to_string(r.local_rank) + ", \"node\": " + std::to_string(r.node) +
            ", \"pid\": " + std::to_string(r.pid) + ", \"answered\": " + (r.answered ? "true" : "false") +
-           ", \"status\": " + quoted(r.answered ? "answered" : r.status) + ", \"proc_state\": " + quoted(r.proc_state) +
-           ", \"wchan\": " + quoted(r.wchan) + ", \"error\": " + quoted(r.error) +
-           ", \"where\": " + quoted(r.answered && main ? where_text(*main) : "") + ", \"threads\": [";
+           ", \"status\": " + json_quoted(r.answered ? "answered" : r.status) + ", \"proc_state\": " + json_quoted(r.proc_state) +
+           ", \"wchan\": " + json_quoted(r.wchan) + ", \"error\": " + json_quoted(r.error) +
+           ", \"where\": " + json_quoted(r.answered && main ? where_text(*main) : "") + ", \"threads\": [";
     for (std::size_t t = 0; t < r.threads.size(); ++t) {
       const ThreadStack& th = r.threads[t];
       char id[40];
       std::snprintf(id, sizeof id, "0x%llx", th.id);
-      out += std::string(t ? ", " : "") + "{\"id\": " + quoted(id) + ", \"main\": " + (th.main ? "true" : "false") +
+      out += std::string(t ? ", " : "") + "{\"id\": " + json_quoted(id) + ", \"main\": " + (th.main ? "true" : "false") +
              ", \"idle\": " + (is_idle(th) ? "true" : "false") + ", \"truncated\": " + (th.truncated ? "true" : "false") +
              ", \"frames\": [";
       for (std::size_t f = 0; f < th.frames.size(); ++f)
-        out += std::string(f ? ", " : "") + "{\"file\": " + quoted(th.frames[f].file) + ", \"line\": " +
-               std::to_string(th.frames[f].line) + ", \"function\": " + quoted(th.frames[f].function) + "}";
+        out += std::string(f ? ", " : "") + "{\"file\": " + json_quoted(th.frames[f].file) + ", \"line\": " +
+               std::to_string(th.frames[f].line) + ", \"function\": " + json_quoted(th.frames[f].function) + "}";
       out += "]}";
     }
     out += "]}";

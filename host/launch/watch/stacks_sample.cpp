@@ -13,8 +13,6 @@ namespace {
 // Functions a rank's part of the text shows; the JSON and the file have every one.
 constexpr std::size_t kShownFunctions = 5;
 
-std::string quoted(std::string_view s) { return "\"" + json_escape(s) + "\""; }
-
 template <typename K>
 K most_frequent(const std::map<K, std::size_t>& counts, K fallback) {
   std::size_t best = 0;
@@ -42,13 +40,13 @@ const SampledFunction* top(const RankProfile& r) {
   return &r.functions.front();
 }
 
-std::string group_key(const RankProfile& r) {
+std::string profile_key(const RankProfile& r) {
   if (r.answered == 0) return "\x01" + r.status;
   const SampledFunction* f = top(r);
   return f ? f->file + "\x03" + f->function : std::string("\x02");
 }
 
-bool in_torch_distributed(const RankProfile& r) {
+bool waits_in_torch_distributed(const RankProfile& r) {
   const SampledFunction* f = top(r);
   return f && f->file.find("/torch/distributed/") != std::string::npos;
 }
@@ -126,7 +124,7 @@ StacksSample StacksSampler::result() const {
 }
 
 std::vector<std::vector<std::size_t>> group_profiles(const std::vector<RankProfile>& ranks) {
-  return odd_ones_first(ranks, group_key, in_torch_distributed);
+  return odd_ones_first(ranks, profile_key, waits_in_torch_distributed);
 }
 
 std::string percent_text(std::size_t part, std::size_t whole) {
@@ -200,9 +198,9 @@ std::string render_sample_text(const StacksSample& s) {
 std::string render_sample_json(const StacksSample& s) {
   char head[200];
   std::snprintf(head, sizeof head, "{\"run_id\": %s, \"started_at\": %.3f, \"seconds\": %.3f, \"interval_ms\": %ld, \"rounds\": %zu, ",
-                quoted(s.run_id).c_str(), s.started_at, s.seconds, s.interval_ms, s.rounds);
+                json_quoted(s.run_id).c_str(), s.started_at, s.seconds, s.interval_ms, s.rounds);
   std::string out = head;
-  out += "\"file\": " + (s.file.empty() ? std::string("null") : quoted(s.file)) + ",\n \"groups\": [";
+  out += "\"file\": " + (s.file.empty() ? std::string("null") : json_quoted(s.file)) + ",\n \"groups\": [";
   const auto groups = group_profiles(s.ranks);
   for (std::size_t k = 0; k < groups.size(); ++k) {
     std::vector<int> numbers;
@@ -210,8 +208,8 @@ std::string render_sample_json(const StacksSample& s) {
     const RankProfile& first = s.ranks[groups[k].front()];
     const SampledFunction* f = top(first);
     out += std::string(k ? ",\n  " : "\n  ") + "{" + group_ranks_fields(numbers) +
-           ", \"where\": " + quoted(f ? function_text(*f) : first.answered ? "no Python frame" : never_answered(first)) +
-           ", \"function\": " + (f ? quoted(f->function) : std::string("null")) + "}";
+           ", \"where\": " + json_quoted(f ? function_text(*f) : first.answered ? "no Python frame" : never_answered(first)) +
+           ", \"function\": " + (f ? json_quoted(f->function) : std::string("null")) + "}";
   }
   out += "],\n \"ranks\": [";
   for (std::size_t k = 0; k < s.ranks.size(); ++k) {
@@ -221,7 +219,7 @@ std::string render_sample_json(const StacksSample& s) {
     out += std::string(k ? ",\n  " : "\n  ") + "{\"rank\": " + std::to_string(r.rank) +
            ", \"local_rank\": " + std::to_string(r.local_rank) + ", \"node\": " + std::to_string(r.node) +
            ", \"pid\": " + std::to_string(r.pid) + ", \"asked\": " + std::to_string(r.asked) +
-           ", \"answered\": " + std::to_string(r.answered) + ", \"status\": " + quoted(r.answered ? "answered" : r.status) +
+           ", \"answered\": " + std::to_string(r.answered) + ", \"status\": " + json_quoted(r.answered ? "answered" : r.status) +
            ", \"cpu_percent\": " + cpu + ", \"functions\": [";
     for (std::size_t i = 0; i < r.functions.size(); ++i) {
       const SampledFunction& f = r.functions[i];
@@ -229,9 +227,9 @@ std::string render_sample_json(const StacksSample& s) {
       std::snprintf(shares, sizeof shares, ", \"own_share\": %.4f, \"total_share\": %.4f",
                     r.answered ? static_cast<double>(f.own) / static_cast<double>(r.answered) : 0.0,
                     r.answered ? static_cast<double>(f.total) / static_cast<double>(r.answered) : 0.0);
-      out += std::string(i ? ", " : "") + "{\"file\": " + quoted(f.file) + ", \"line\": " + std::to_string(f.line) +
-             ", \"function\": " + quoted(f.function) + ", \"own\": " + std::to_string(f.own) +
-             ", \"total\": " + std::to_string(f.total) + shares + ", \"caller\": " + quoted(f.caller) + "}";
+      out += std::string(i ? ", " : "") + "{\"file\": " + json_quoted(f.file) + ", \"line\": " + std::to_string(f.line) +
+             ", \"function\": " + json_quoted(f.function) + ", \"own\": " + std::to_string(f.own) +
+             ", \"total\": " + std::to_string(f.total) + shares + ", \"caller\": " + json_quoted(f.caller) + "}";
     }
     out += "]}";
   }
