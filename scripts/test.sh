@@ -141,7 +141,7 @@ background "fuzz, sanitizer builds, wheels" bg_builds
 phase "doctest suite" build/dev/airhost_tests --no-version=true --minimal=true
 # The whole pytest suite but the wheels' file, in parallel (tests/py/conftest.py: each test
 # has its own ports, run directories and process checks).
-phase "pytest suite ($WORKERS workers)" "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" --durations=25 \
+phase "pytest suite ($WORKERS workers)" "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist loadfile --durations=25 \
   --ignore=tests/py/test_wheels.py "$@"
 
 phase "(waiting for the background builds)" settle "fuzz, sanitizer builds, wheels"
