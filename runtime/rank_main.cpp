@@ -130,6 +130,10 @@ int cannot_start(const std::string& why) {
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--guard") == 0) return run_guard();
+  // A scheduler's warning (SIGUSR1/SIGUSR2, which the host passes on to every rank) that comes
+  // while the rank starts, before its interpreter installs the handler that records it
+  // (bootstrap.py), must not kill it: ignored until then (the bootstrap replaces SIG_IGN).
+  for (int sig : {SIGUSR1, SIGUSR2}) ::signal(sig, SIG_IGN);
   const std::string dir = self_dir();
   const auto search = airhost::rank::libpython_search(python_of(argc, argv, dir), AIRHOST_PYTHON_VERSION);
   if (const std::string why = airhost::rank::load_libpython(search); !why.empty()) return cannot_start(why);

@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 # a fixed seed (what scripts/test.sh does: the same inputs on every run, so CI fails only for
 # a change of the code, never for a lucky draw).
 SECONDS_EACH=${1:-}
+# AIRHOST_FUZZ_TIMEOUT: seconds of wall clock one input may take before it counts as a hang (10).
+# scripts/test.sh runs this at the lowest CPU priority behind the pytest suite, where an input
+# of a millisecond may wait seconds for a core: it gives 300, which still catches a real hang.
 # The ASan+UBSan tree, configured as scripts/sanitize.sh builds in it too (one configure for both).
 scripts/configure-sanitized.sh asan
 cmake --build build/fuzz -j "$(nproc)" --target fuzz_frames fuzz_records fuzz_stacks_request
@@ -27,7 +30,7 @@ for target in frames records stacks_request; do
   fi
   work=("build/fuzz/corpus-$target")
   echo "fuzz.sh: fuzz_$target ${budget[*]} from $corpus ($(ls "$corpus" | wc -l) inputs)"
-  build/fuzz/fuzz_$target "${budget[@]}" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  build/fuzz/fuzz_$target "${budget[@]}" -timeout="${AIRHOST_FUZZ_TIMEOUT:-10}" -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix=build/fuzz/crashes/$target- "${work[@]}" "$corpus" 2>build/fuzz/$target.log \
     || { tail -n 60 build/fuzz/$target.log >&2; echo "fuzz.sh: fuzz_$target found a crash (build/fuzz/crashes/)" >&2; exit 1; }
   grep -E "stat::number_of_executed_units|stat::peak_rss_mb" build/fuzz/$target.log | sed "s/^/fuzz.sh: $target /"

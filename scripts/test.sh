@@ -132,7 +132,7 @@ phase "build: doctest suite, helpers" build_dev
 #  - the ASan+UBSan and TSan trees of scripts/sanitize.sh, built (it runs them further down);
 #  - the sdist and a wheel per CPython 3.10-3.13, as users install them.
 bg_builds() {
-  if [ "${AIRHOST_TEST_FUZZ:-1}" = 1 ]; then scripts/fuzz.sh || return $?; fi
+  if [ "${AIRHOST_TEST_FUZZ:-1}" = 1 ]; then AIRHOST_FUZZ_TIMEOUT=300 scripts/fuzz.sh || return $?; fi
   if [ "${AIRHOST_TEST_SANITIZE:-1}" = 1 ]; then scripts/sanitize.sh build || return $?; fi
   if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then scripts/build-wheels.sh || return $?; fi
 }

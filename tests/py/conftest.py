@@ -55,6 +55,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def connect_unix(path) -> socket.socket:
+    """A stream socket connected to the AF_UNIX socket at `path`, however long the path (an
+    address holds 107 bytes; a test's tmp_path under pytest-xdist is longer than a test's run
+    directory once left room for): a long one is reached through its directory's descriptor."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = str(path)
+    if len(path.encode()) < 100:
+        s.connect(path)
+        return s
+    d = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        s.connect(f"/proc/self/fd/{d}/{os.path.basename(path)}")
+    finally:
+        os.close(d)
+    return s
+
+
 def line_of(path: str, marker: str) -> int:
     """1-based number of the first line of `path` containing `marker`."""
     for number, text in enumerate(Path(path).read_text().splitlines(), 1):

@@ -20,6 +20,10 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_PY = Path(sys.executable)
 GPU_STEPS = ("torch", "doctor", "json", "type", "fsdp", "deepspeed", "startup", "hang", "usage")
 
+# The bundle and the builds from it compile airhost and its dependencies: minutes on a machine
+# that runs the rest of the suite beside them.
+pytestmark = pytest.mark.timeout(1200)
+
 
 def summary_rows(output: str) -> dict[str, tuple[str, str]]:
     """The check's summary table: step → (PASS|FAIL|SKIP, detail)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_for
+from conftest import connect_unix, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = os.environ.get("AIRHOST_TEST_BUILD_DIR", str(ROOT / "build" / "dev"))
@@ -34,8 +34,7 @@ SLEEPER = textwrap.dedent("""
 
 
 def ask(sock_path: Path, request: bytes, read: bool = True) -> bytes:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(str(sock_path))  # blocking: waits while the host's backlog is full, as a CLI client does
+    s = connect_unix(sock_path)  # blocking: waits while the host's backlog is full, as a CLI client does
     s.settimeout(30)
     s.sendall(request)
     answer = b""
@@ -242,8 +241,7 @@ def test_the_warm_server_outlives_thousands_of_malformed_and_truncated_requests(
                     b[rng.randrange(len(b) + 1):rng.randrange(len(b) + 1)] = bytes(rng.randrange(256) for _ in range(rng.randint(0, 9)))
             mutated.append(bytes(b))
         for request in crafted + mutated:
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            s.connect(str(sock))
+            s = connect_unix(sock)
             s.settimeout(5)
             try:
                 s.sendall(request)

@@ -82,7 +82,9 @@ def test_a_call_under_an_active_run_is_its_child_and_the_parent_stays_active(api
     child = runs[0]
     assert child.data.tags.get("mlflow.parentRunId") == out["parent"]
     assert child.info.status == "FINISHED"
-    assert set(child.data.metrics) == {"rank0_metric", "rank1_metric"}
+    # What the ranks logged; the host's samples of each rank (system/rank_N/...) come on top
+    # when the call lasts past a sampling (every 5 s: a loaded machine).
+    assert {m for m in child.data.metrics if not m.startswith("system/")} == {"rank0_metric", "rank1_metric"}
     assert out["active_after"] == out["parent"], "the parent run is no longer the active run"
     parent = client.get_run(out["parent"])
     assert parent.info.status == "FINISHED" and not parent.data.metrics

@@ -32,7 +32,8 @@ PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 PLAT = "manylinux_2_28_x86_64"
 TOOLS = REPO / "build" / "wheel-tools"
 
-pytestmark = pytest.mark.skipif(not DIST, reason="AIRHOST_TEST_DIST not set (scripts/test.sh builds dist/ and sets it)")
+pytestmark = [pytest.mark.skipif(not DIST, reason="AIRHOST_TEST_DIST not set (scripts/test.sh builds dist/ and sets it)"),
+              pytest.mark.timeout(900)]  # the sdist and the musl check compile: minutes
 
 API_SCRIPT = '''
 import os, sys
