@@ -140,10 +140,11 @@ class Guard:
 
     # ------------------------------------------------------------------ the runs
 
-    def teardown(self, hosts: int) -> float:
-        """A job of `hosts` airhosts (1 light rank each), or one airhost of 8 ranks when
+    def teardown(self, hosts: int, ranks: int = 8) -> float:
+        """A job of `hosts` airhosts (1 light rank each), or one airhost of `ranks` ranks when
         hosts == 1: the last rank exits 1 on a cue -> the seconds until every host exited."""
-        ranks = 8
+        if hosts > 1:
+            ranks = hosts
         d, stamps, runs = self.workdir(f"fail-{hosts}")
         env = self.env(stamps, runs)
         port = free_port()
