@@ -12,11 +12,13 @@
 #
 # Where the minutes go: the compiles that nothing in the pytest suite needs (the fuzz targets,
 # the ASan and TSan trees, the wheels) run in the background at the lowest CPU priority while
-# the pytest suite, which mostly waits on processes, runs in parallel (pytest-xdist); what uses
-# those builds runs once they are done. A table at the end says how long each part took (also
-# in build/test-logs/phases.txt), and pytest lists its slowest tests.
+# the pytest suite, which mostly waits on processes, runs in the foreground; what uses those
+# builds runs once they are done. A table at the end says how long each part took (also in
+# build/test-logs/phases.txt), and pytest lists its slowest tests.
 # AIRHOST_TEST_FUZZ=0, AIRHOST_TEST_SANITIZE=0, AIRHOST_TEST_WHEELS=0 and AIRHOST_TEST_GUARD=0
-# skip a part; AIRHOST_TEST_WORKERS sets the pytest workers (default: 3 per 2 cores).
+# skip a part. AIRHOST_TEST_WORKERS=N runs the whole suite in N pytest-xdist workers (default 1:
+# under 3 workers on 2 cores a few timing-bound tests still fail, docs/testing.md); the quick
+# tier's slice runs in 3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -25,7 +27,8 @@ mkdir -p "$LOGS"
 quick=0
 if [ "${1:-}" = --quick ]; then quick=1; shift; fi
 PY=$ROOT/.venv/bin/python
-WORKERS=${AIRHOST_TEST_WORKERS:-$(( $(nproc) * 3 / 2 > 1 ? $(nproc) * 3 / 2 : 2 ))}
+WORKERS=${AIRHOST_TEST_WORKERS:-1}
+QUICK_WORKERS=$(( $(nproc) * 3 / 2 > 1 ? $(nproc) * 3 / 2 : 2 ))
 
 # --- the phase table ----------------------------------------------------------------------------
 TABLE=$LOGS/phases.txt
@@ -114,7 +117,7 @@ if [ $quick = 1 ]; then
     tests/py/test_stacks.py::test_stacks_on_node_0_show_every_rank_of_every_node_the_odd_one_on_node_1_first
   )
   phase "end-to-end slice" env AIRHOST_TEST_AIRHOST="$ROOT/build/dev/airhost" \
-    "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" "${QUICK[@]}" "$@"
+    "$PY" -m pytest -q -p no:cacheprovider -n "$QUICK_WORKERS" "${QUICK[@]}" "$@"
   exit 0
 fi
 
@@ -139,9 +142,11 @@ bg_builds() {
 background "fuzz, sanitizer builds, wheels" bg_builds
 
 phase "doctest suite" build/dev/airhost_tests --no-version=true --minimal=true
-# The whole pytest suite but the wheels' file, in parallel (tests/py/conftest.py: each test
-# has its own ports, run directories and process checks).
-phase "pytest suite ($WORKERS workers)" "$PY" -m pytest -q -p no:cacheprovider -n "$WORKERS" --dist loadfile --durations=25 \
+# The whole pytest suite but the wheels' file (tests/py/conftest.py: each test has its own
+# ports, run directories and process checks, so it may run in several workers).
+parallel=()
+[ "$WORKERS" -gt 1 ] && parallel=(-n "$WORKERS" --dist loadfile)
+phase "pytest suite ($WORKERS worker(s))" "$PY" -m pytest -q -p no:cacheprovider "${parallel[@]}" --durations=25 \
   --ignore=tests/py/test_wheels.py "$@"
 
 phase "(waiting for the background builds)" settle "fuzz, sanitizer builds, wheels"
