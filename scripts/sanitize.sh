@@ -99,7 +99,7 @@ SLICE=(
   tests/py/test_warm.py::test_a_killed_warm_server_fails_its_ranks_clearly
 )
 AIRHOST_TEST_AIRHOST=$ROOT/build/fuzz/airhost AIRHOST_TEST_BUILD_DIR=$ROOT/build/fuzz \
-  "$PY" -m pytest -q -p no:cacheprovider -n 2 "${SLICE[@]}"
+  "$PY" -m pytest -q -p no:cacheprovider "${SLICE[@]}"
 no_reports "ASan+UBSan: end-to-end slice"
 step "ASan+UBSan: end-to-end slice passed"
 

@@ -157,7 +157,7 @@ if [ "${AIRHOST_TEST_SANITIZE:-1}" = 1 ]; then phase "sanitizers: run" scripts/s
 # in reach.
 if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then
   phase "wheels and sdist installed" env AIRHOST_TEST_DIST="$ROOT/dist" \
-    "$PY" -m pytest -q -p no:cacheprovider -n 2 tests/py/test_wheels.py
+    "$PY" -m pytest -q -p no:cacheprovider tests/py/test_wheels.py
 fi
 # Small versions of the benchmarks, each against its peer in the same run (bench/guard.py): a
 # figure several times worse than its bound fails the run; its table stays in the log.
