@@ -256,15 +256,11 @@ class Guard:
         return ready(1) - t_kill, ready(0) - t_launch
 
 
-def rounds(g: Guard, name: str, measure_a, measure_b) -> tuple[list[float], list[float]]:
-    """One uncounted warm-up of each, then --rounds rounds, the two alternating in turn."""
+def collect(g: Guard, name: str, one_round) -> tuple[list[float], list[float]]:
+    """One uncounted warm-up round, then --rounds rounds of `one_round(i)` -> (airhost, peer)."""
     a, b = [], []
     for i in range(1 + g.args.rounds):
-        first, second = (measure_a, measure_b) if i % 2 == 0 else (measure_b, measure_a)
-        x = first()
-        y = second()
-        if first is measure_b:
-            x, y = y, x
+        x, y = one_round(i)
         if i:
             a.append(x)
             b.append(y)
@@ -272,60 +268,55 @@ def rounds(g: Guard, name: str, measure_a, measure_b) -> tuple[list[float], list
     return a, b
 
 
+def alternating(measure_a, measure_b):
+    """A round that runs both measures, the one that goes first alternating from round to round."""
+    def one_round(i):
+        if i % 2 == 0:
+            return measure_a(), measure_b()
+        y = measure_b()
+        return measure_a(), y
+    return one_round
+
+
+def row(what: str, runs: list[float], peer_runs: list[float], unit: str, peer_what: str, bound: str,
+        stated: float, slack: float, higher_is_worse: bool = True, against=None) -> dict:
+    """A check's figures: the medians, their ratio (against `against(peer)` when the bound is not
+    a plain multiple of the peer) and the guard's limit, `slack` times the stated bound."""
+    figure, peer = statistics.median(runs), statistics.median(peer_runs)
+    return {"what": what, "figure": figure, "unit": unit, "peer": peer, "peer_what": peer_what,
+            "ratio": figure / (against(peer) if against else peer), "bound": bound, "stated": stated,
+            "limit": stated * slack if higher_is_worse else stated / slack, "higher_is_worse": higher_is_worse,
+            "runs": runs, "peer_runs": peer_runs}
+
+
 def check_fail8(g: Guard) -> dict:
-    hosts, floor = rounds(g, "fail8 (8 hosts / one host)", lambda: g.teardown(8), lambda: g.teardown(1))
-    figure, peer = statistics.median(hosts), statistics.median(floor)
-    bound = 1.2 * peer + 0.5
-    return {"what": "a rank fails -> all 8 hosts out", "figure": figure, "unit": "s", "peer": peer,
-            "peer_what": "one host's teardown of 8 ranks", "ratio": figure / bound,
-            "bound": "<= 1.2 x floor + 0.5 s", "stated": 1.0, "limit": 3.0 * 1.0, "higher_is_worse": True,
-            "shown_ratio": f"{figure / bound:.2f} of the bound", "runs": hosts, "peer_runs": floor}
+    hosts, floor = collect(g, "fail8 (8 hosts / one host)", alternating(lambda: g.teardown(8), lambda: g.teardown(1)))
+    return row("a rank fails -> all 8 hosts out", hosts, floor, "s", "one host's teardown of 8 ranks",
+               "<= 1.2 x floor + 0.5 s", 1.0, 3.0, against=lambda floor: 1.2 * floor + 0.5)
 
 
 def check_startup(g: Guard) -> dict:
-    a, t = rounds(g, "startup (airhost / torchrun)", lambda: g.startup("airhost"), lambda: g.startup("torchrun"))
-    figure, peer = statistics.median(a), statistics.median(t)
-    return {"what": "cold start, 2 ranks, to the line after import torch", "figure": figure, "unit": "s",
-            "peer": peer, "peer_what": "torchrun", "ratio": figure / peer, "bound": "<= 0.7 x torchrun",
-            "stated": 0.7, "limit": 2.0 * 0.7, "higher_is_worse": True, "runs": a, "peer_runs": t}
+    a, t = collect(g, "startup (airhost / torchrun)", alternating(lambda: g.startup("airhost"), lambda: g.startup("torchrun")))
+    return row("cold start, 2 ranks, to the line after import torch", a, t, "s", "torchrun", "<= 0.7 x torchrun",
+               0.7, 2.0)
 
 
 def check_warm3(g: Guard) -> dict:
-    third, first = [], []
-    for i in range(1 + g.args.rounds):
-        x, y = g.warm3()
-        if i:
-            third.append(x)
-            first.append(y)
-            log(f"  warm3 {i}/{g.args.rounds}: 3rd call {x:.3f} / 1st call {y:.3f}")
-    figure, peer = statistics.median(third), statistics.median(first)
-    return {"what": "Python API, 3rd call -> last rank past import torch, 2 ranks", "figure": figure, "unit": "s",
-            "peer": peer, "peer_what": "the same process's 1st (cold) call", "ratio": figure / peer,
-            "bound": "<= 0.1 x the cold call", "stated": 0.1, "limit": 3.0 * 0.1, "higher_is_worse": True,
-            "runs": third, "peer_runs": first}
+    third, first = collect(g, "warm3 (3rd call / 1st, cold, call)", lambda i: g.warm3())
+    return row("Python API, 3rd call -> last rank past import torch, 2 ranks", third, first, "s",
+               "the same process's 1st (cold) call", "<= 0.1 x the cold call", 0.1, 3.0)
 
 
 def check_results(g: Guard) -> dict:
-    a, m = rounds(g, "results (airhost / memcpy, GB/s)", lambda: g.results("airhost"), lambda: g.results("memcpy"))
-    figure, peer = statistics.median(a), statistics.median(m)
-    return {"what": f"results, 4 ranks x {g.args.result_mib} MiB into the caller", "figure": figure, "unit": "GB/s",
-            "peer": peer, "peer_what": "memcpy", "ratio": figure / peer, "bound": ">= 0.5 x memcpy", "stated": 0.5,
-            "limit": 0.5 / 3.0, "higher_is_worse": False, "runs": a, "peer_runs": m}
+    a, m = collect(g, "results (airhost / memcpy, GB/s)", alternating(lambda: g.results("airhost"), lambda: g.results("memcpy")))
+    return row(f"results, 4 ranks x {g.args.result_mib} MiB into the caller", a, m, "GB/s", "memcpy",
+               ">= 0.5 x memcpy", 0.5, 3.0, higher_is_worse=False)
 
 
 def check_recovery(g: Guard) -> dict:
-    rec, cold = [], []
-    for i in range(1 + g.args.rounds):
-        x, y = g.recovery()
-        if i:
-            rec.append(x)
-            cold.append(y)
-            log(f"  recovery {i}/{g.args.rounds}: after the kill {x:.3f} / first attempt {y:.3f}")
-    figure, peer = statistics.median(rec), statistics.median(cold)
-    return {"what": "SIGKILL of a rank -> every rank back in the group, 2 nodes x 2 ranks", "figure": figure,
-            "unit": "s", "peer": peer, "peer_what": "the first attempt, launch -> in the group",
-            "ratio": figure / peer, "bound": "<= 1.5 x the first attempt", "stated": 1.5, "limit": 3.0 * 1.5,
-            "higher_is_worse": True, "runs": rec, "peer_runs": cold}
+    rec, cold = collect(g, "recovery (after the kill / first attempt)", lambda i: g.recovery())
+    return row("SIGKILL of a rank -> every rank back in the group, 2 nodes x 2 ranks", rec, cold, "s",
+               "the first attempt, launch -> in the group", "<= 1.5 x the first attempt", 1.5, 3.0)
 
 
 def verdict(c: dict) -> bool:

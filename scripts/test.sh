@@ -60,11 +60,9 @@ background() {
   BG_PID[$name]=$!
 }
 settle() {
-  local name=$1 rc=0 t0
-  t0=$(now)
+  local name=$1 rc=0
   wait "${BG_PID[$name]}" || rc=$?
   unset "BG_PID[$name]"
-  printf '%-34s %5d s\n' "(waited for $name)" "$(( $(now) - t0 ))" >>"$TABLE"
   if [ $rc != 0 ]; then
     tail -n 80 "$LOGS/$name.log" >&2
     echo "test.sh: $name failed (exit $rc); its whole output is in build/test-logs/$name.log" >&2

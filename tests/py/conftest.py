@@ -72,6 +72,16 @@ def connect_unix(path) -> socket.socket:
     return s
 
 
+def start_light_nodes(airhost, nnodes: int, stamps, *flags) -> list:
+    """`nnodes` airhosts on 127.0.0.1, one light rank each (scripts/many_nodes.py: no torch; it
+    stamps that it is up in `stamps`, and the last rank exits 1 once `stamps`/fail appears),
+    node ranks 0 to nnodes - 1, with `flags` for every host."""
+    port = free_port()
+    return [airhost.start(script("many_nodes.py"), "-n", "1", "--nnodes", str(nnodes), "--node-rank", str(k),
+                          "--master-addr", "127.0.0.1", "--master-port", str(port), *flags, "--", stamps)
+            for k in range(nnodes)]
+
+
 def line_of(path: str, marker: str) -> int:
     """1-based number of the first line of `path` containing `marker`."""
     for number, text in enumerate(Path(path).read_text().splitlines(), 1):

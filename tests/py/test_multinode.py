@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import free_port, live_processes, script, wait_for, wait_until_gone
+from conftest import free_port, live_processes, script, start_light_nodes, wait_for, wait_until_gone
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -348,11 +348,7 @@ def test_every_host_ends_within_moments_of_a_failure_whatever_the_grace(airhost,
     exit code (a wait for the grace, or a wait of two nodes for each other, would show here)."""
     d = tmp_path / "stamps"
     d.mkdir()
-    port = free_port()
-    hosts = [airhost.start(script("many_nodes.py"), "-n", "1", "--nnodes", str(FOLLOW_NODES), "--node-rank", str(k),
-                           "--master-addr", "127.0.0.1", "--master-port", str(port), "--join-timeout", "60",
-                           "--node-timeout", "30", "--grace", "60", "--", d)
-             for k in range(FOLLOW_NODES)]
+    hosts = start_light_nodes(airhost, FOLLOW_NODES, d, "--join-timeout", "60", "--node-timeout", "30", "--grace", "60")
     ended = {}
     try:
         wait_for(lambda: all((d / f"up-{r}").exists() for r in range(FOLLOW_NODES)), 60, "every rank running")

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import free_port, script, wait_for
+from conftest import start_light_nodes, wait_for
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -20,11 +20,7 @@ NODES = 48
 def test_48_nodes_join_answer_stacks_and_all_end_naming_the_rank_that_failed(airhost, tmp_path):
     d = tmp_path / "stamps"
     d.mkdir()
-    port = free_port()
-    hosts = [airhost.start(script("many_nodes.py"), "-n", "1", "--nnodes", str(NODES), "--node-rank", str(k),
-                           "--master-addr", "127.0.0.1", "--master-port", str(port), "--join-timeout", "120",
-                           "--node-timeout", "30", "--grace", "3", "--", d)
-             for k in range(NODES)]
+    hosts = start_light_nodes(airhost, NODES, d, "--join-timeout", "120", "--node-timeout", "30", "--grace", "3")
     try:
         wait_for(lambda: all((d / f"up-{r}").exists() for r in range(NODES)), 120, f"all {NODES} ranks running")
         # Each rank is on the node of its rank (one rank a node), as GROUP_RANK says.
