@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,22 @@ std::string ask_host(const RunRecord& run, const std::string& request, int answe
   return answer;
 }
 
+// After the host did not answer: the run's record once it says the run ended (or its host is
+// gone), read again for up to 5 s; nothing when the host still runs and still does not answer.
+std::optional<RunRecord> ended_meanwhile(const RunRecord& run) {
+  for (int i = 0; i < 50; ++i) {
+    try {
+      RunRecord now = read_run_record(run.dir);
+      settle(now);
+      if (is_ended(now.state) || now.state == "lost") return now;
+    } catch (const std::exception&) {
+      // A record being rewritten: read it again.
+    }
+    ::poll(nullptr, 0, 100);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 int stacks_command(const std::vector<std::string>& args) {
@@ -161,6 +178,12 @@ int stacks_command(const std::vector<std::string>& args) {
                           (sample_ms ? " sample=" + std::to_string(sample_ms) : std::string()) + "\n",
                       kAnswerMs + static_cast<int>(sample_ms));
   } catch (const std::exception& e) {
+    // The host takes its socket away as it ends, a moment before its run.json says so: a run
+    // that ends while asked is said as ended, with how, not as a host that does not answer.
+    if (const auto ended = ended_meanwhile(*run)) {
+      std::fprintf(stderr, "airhost: run %s has ended meanwhile: %s\n", run->id.c_str(), how_it_ended(*ended).c_str());
+      return to_int(ExitCode::generic_failure);
+    }
     std::fprintf(stderr, "airhost: run %s: %s\n", run->id.c_str(), e.what());
     return to_int(ExitCode::generic_failure);
   }
