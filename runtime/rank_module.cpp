@@ -137,12 +137,15 @@ void answer(unsigned seq) {
   put(airhost::detail::kStacksEnd), put("seq="), put(seq), put("\n");
 }
 
-// The watcher: every signal blocked (a signal for the process goes to the threads that had it
-// before), reading requests until the host closes the channel. Requests that came while one
-// was answered are answered once, with the newest number.
+// The watcher: every signal a process gets blocked (one for the process goes to the threads that
+// had it before), but not the faults a thread raises itself: blocked, those would take their
+// default action instead of any handler's (faulthandler's, the fault guard's), and on kernels
+// before 5.16 end the rank. Reads requests until the host closes the channel. Requests that
+// came while one was answered are answered once, with the newest number.
 void* watch_requests(void*) {
   sigset_t all;
   sigfillset(&all);
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, SIGTRAP, SIGSYS}) sigdelset(&all, sig);
   ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
   unsigned char buf[64];
   std::size_t have = 0;

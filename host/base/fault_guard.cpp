@@ -75,7 +75,17 @@ AIRHOST_NO_ASAN int task_main(void* p) {
   sa.sa_handler = on_fault;
   sa.sa_flags = SA_ONSTACK;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) ::sigaction(sig, &sa, nullptr);
+  sigset_t faults;
+  sigemptyset(&faults);
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) {
+    ::sigaction(sig, &sa, nullptr);
+    sigaddset(&faults, sig);
+  }
+  // The task starts with the mask of the thread that cloned it, which may block every signal
+  // (a watcher thread does): a fault it blocks would not reach the handler above but take the
+  // default action, and a task that shares the rank's memory dumping core ends the whole rank
+  // on kernels before 5.16. Whatever the caller blocks, the task takes its own faults.
+  ::sigprocmask(SIG_UNBLOCK, &faults, nullptr);
   const struct rlimit no_core{0, 0};
   ::setrlimit(RLIMIT_CORE, &no_core);  // per process: the rank's own limit is unchanged
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the waiting thread gone (its process died): so is this

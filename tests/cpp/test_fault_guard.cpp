@@ -62,6 +62,25 @@ TEST_CASE("a guarded read that faults returns false, and the handlers before it 
   CHECK_FALSE(sigismember(&mask, SIGSEGV));
 }
 
+TEST_CASE("from a thread that blocks every signal, the read still takes its own faults (#42: the stacks watcher's mask)") {
+  // The task inherits its caller's mask; a fault it blocked would take the default action (on
+  // kernels before 5.16, a core dump that ends every task sharing the memory: the rank).
+  static std::atomic<int> blocked_in_read{-1};
+  std::thread watcher([] {
+    sigset_t all;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
+    read_guarded([](void*) {
+      sigset_t now;
+      ::sigprocmask(SIG_BLOCK, nullptr, &now);
+      blocked_in_read = sigismember(&now, SIGSEGV) + sigismember(&now, SIGBUS) + sigismember(&now, SIGILL) +
+                        sigismember(&now, SIGFPE);
+    }, nullptr);
+  });
+  watcher.join();
+  CHECK(blocked_in_read == 0);
+}
+
 TEST_CASE("from a signal handler, as a rank asked for its stacks reads, a fault ends the read and not the process") {
   ForbiddenPage page;
   forbidden = page.p;

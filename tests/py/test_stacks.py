@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import script, wait_for
+from conftest import live_processes, marker_of, script, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "api_scripts"))
 import _helpers  # noqa: E402
@@ -489,3 +489,39 @@ def test_being_watched_cuts_no_blocking_call_short(airhost, tmp_path):
         assert m.group(1) == result and float(m.group(2)) >= seconds - 0.05, f"{name} was cut short: {m.group(0)}"
     # and the stacks named where the rank was (the calls hold the GIL: read without it)
     assert len(seen & set(expected)) >= 5, seen
+
+
+def test_the_thread_that_reads_a_ranks_stacks_blocks_no_fault_it_could_raise(airhost, tmp_path):
+    # #42: the rank's stacks thread blocked every signal, SIGSEGV, SIGBUS, SIGILL and SIGFPE too,
+    # and the task it clones for each read inherits that mask: a fault while reading stacks then
+    # takes the default action instead of the fault guard's, and on kernels before 5.16 that
+    # ends the rank. Signals sent to the process stay blocked in it (they go to the rank's own
+    # threads).
+    started = airhost.start(script("sleeper.py"), "-n", "1", "--", "--sleep", "60")
+    started.wait_printed([0], "ready")
+    marker = marker_of(airhost.tmp_path)
+
+    def watcher_masks():
+        found = []
+        for proc in live_processes(marker=marker):
+            for task in Path(f"/proc/{proc.pid}/task").iterdir():
+                try:
+                    if (task / "comm").read_text().strip() == "airhost-stacks":
+                        status = (task / "status").read_text()
+                        found.append(int(re.search(r"^SigBlk:\s*([0-9a-f]+)$", status, re.M).group(1), 16))
+                except (FileNotFoundError, ProcessLookupError):
+                    pass
+        return found
+
+    masks = wait_for(watcher_masks, 30, "the rank's airhost-stacks thread")
+    assert len(masks) == 1, masks
+    blocked = {sig for sig in signal.Signals if masks[0] >> (sig - 1) & 1}
+    faults = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
+    assert not blocked & faults, f"the stacks thread blocks {sorted(s.name for s in blocked & faults)}"
+    assert {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGCHLD} <= blocked, sorted(s.name for s in blocked)
+    # And its answers still come.
+    done = subprocess.run([airhost.binary, "stacks", "--json"], env=airhost.env(started.runs_root), capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0 and json.loads(done.stdout)["ranks"][0]["answered"], done.stdout + done.stderr
+    started.signal(signal.SIGTERM)
+    started.finish(timeout=60).assert_rc(143)
