@@ -329,3 +329,74 @@ def test_a_node_whose_ranks_fail_past_max_restarts_leaves_and_the_others_go_on(a
         assert "(another node's failure: not counted against --max-restarts 1)" in run.err, run.err
     assert "(this node's failure 1 of the 1 --max-restarts allows)" in r2.err, r2.err
     assert r2.run_json["outcome"] == "failed" and "rank 2 exited with code 3" in r2.run_json["message"], r2.run_json
+
+
+def held_node_job(airhost, d, port, interval, until_attempt):
+    """Hosts of a 2:3 job of grow_until.py (one rank each) whose node 0 holds a node that comes
+    until --scale-up-interval has passed since the group started."""
+    def host(*ranked):
+        return airhost.start(script("grow_until.py"), "-n", "1", "--nnodes", "2:3", *ranked, "--master-addr",
+                             "127.0.0.1", "--master-port", str(port), "--join-settle", "1s", "--scale-up-interval",
+                             interval, "--join-timeout", "60", "--node-timeout", "5", "--grace", "2", "--", d, "3",
+                             *([str(until_attempt)] if until_attempt is not None else []))
+    return host
+
+
+def test_a_node_held_for_the_next_scale_up_counts_when_a_member_is_lost(airhost, tmp_path):
+    # #42: nodes 0 and 1 of 2:3 run, node 2 came and is held for the next scale-up (10 min
+    # away). Node 1's airhost is SIGKILLed: node 0 and the held node make MIN, so the job goes
+    # on at once as those two (the held node numbered 1), instead of node 0 waiting
+    # --join-timeout for node 1 and every node then ending 138.
+    d = tmp_path / "grow"
+    d.mkdir()
+    port = free_port()
+    host = held_node_job(airhost, d, port, "10m", until_attempt=1)
+    first = [host("--node-rank", "0"), host()]
+    wait_for(lambda: len(list(d.glob("ready-0-*"))) == 2, 60, "both ranks of the first group running")
+    held = host()
+    wait_for(lambda: "came; it joins the group at its next restart" in first[0].err_path.read_text(), 60,
+             "node 0 holding the third node")
+    t0 = time.monotonic()
+    first[1].proc.kill()
+    r0, r2 = first[0].finish(timeout=50), held.finish(timeout=50)  # well inside --join-timeout 60
+    took = time.monotonic() - t0
+    first[1].proc.wait()
+    r0.assert_rc(0)
+    r2.assert_rc(0)
+    assert took < 30, f"the group went on after {took:.1f} s"
+    assert [(a["nnodes"], a["node_rank"]) for a in r0.run_json["attempts"]] == [(2, 0), (2, 0)], r0.run_json
+    assert r2.run_json["node_rank"] == 1 and r2.run_json["nnodes"] == 2, r2.run_json
+    assert re.search(r"node 0 of 2: node 1 \(.*\) was lost; the job goes on with 2 nodes \(--nnodes 2:3\): restart 1",
+                     r0.err), r0.err
+    assert "join_timeout" not in r0.err, r0.err
+    for run, rank in ((r0, 0), (r2, 1)):
+        assert [l.decode() for l in run.console()[rank]][-1] == "sum 2", run.console()
+
+
+def test_a_held_node_that_dies_is_let_go_and_costs_no_restart(airhost, tmp_path):
+    # #42: a node held for the next scale-up is watched while it waits. Killed before the
+    # interval is up, it is let go at once: no restart takes it in only to find it lost and
+    # restart every rank again; the next node that comes is taken in with one restart.
+    d = tmp_path / "grow"
+    d.mkdir()
+    port = free_port()
+    host = held_node_job(airhost, d, port, "4s", until_attempt=None)
+    first = [host("--node-rank", "0"), host()]
+    wait_for(lambda: len(list(d.glob("ready-0-*"))) == 2, 60, "both ranks of the first group running")
+    doomed = host()
+    wait_for(lambda: "came; it joins the group at its next restart" in first[0].err_path.read_text(), 60,
+             "node 0 holding the third node")
+    doomed.proc.kill()
+    doomed.proc.wait()
+    wait_for(lambda: "went away before it was taken in" in first[0].err_path.read_text(), 10,
+             "node 0 letting the dead node go")
+    time.sleep(4.5)  # past --scale-up-interval: a dead node still held would restart the group now
+    assert not list(d.glob("ready-1-*")), "the group restarted for a node that had died"
+    third = host()
+    runs = [h.finish(timeout=90) for h in (*first, third)]
+    for run in runs:
+        run.assert_rc(0)
+        assert run.run_json["nnodes"] == 3 and run.run_json["restarts"] == 1, run.run_json
+    assert [run.run_json["node_rank"] for run in runs] == [0, 1, 2]
+    assert re.search(r"node 0 of 2: a node \(.*\) went away before it was taken in; the group goes on as it is",
+                     runs[0].err), runs[0].err

@@ -395,9 +395,12 @@ struct NodeLink::Impl {
       if (!restart && cfg.nnodes_min > 0) without = group.go_on_without(of);
     }
     // An elastic job with enough nodes left goes on at once without the lost ones, and without
-    // those whose own ranks failed past max_restarts (they leave).
-    if (!without.empty() && group_size - static_cast<int>(without.size()) >= cfg.nnodes_min)
-      return go_on_without(of, without);
+    // those whose own ranks failed past max_restarts (they leave). The nodes held for the next
+    // scale-up count: they are taken in with that restart (go_on_without numbers them).
+    if (!without.empty()) {
+      const int kept = group_size - static_cast<int>(without.size());
+      if (kept + std::min(held_newcomers(), cfg.nnodes - kept) >= cfg.nnodes_min) return go_on_without(of, without);
+    }
     if (!lost_nodes.empty() && rejoin_wait(of, lost_nodes)) return;
     {
       std::lock_guard lock(m);
@@ -451,6 +454,33 @@ struct NodeLink::Impl {
                                           {"store_port", std::to_string(store_port)}});
   }
 
+  // Node 0 of an elastic job: how many of the nodes held for the next restart are still there.
+  // A held node is not a peer (nothing reads it in the loop's turns), so its connection is
+  // looked at here: one that closed (its airhost ended or was killed) or sent garbage is let
+  // go now, instead of being taken in by a restart of every rank and found lost by the next.
+  int held_newcomers() {
+    if (newcomers.empty()) return 0;
+    std::vector<pollfd> fds;
+    for (auto& n : newcomers) fds.push_back(pollfd{n.conn.fd(), POLLIN, 0});
+    if (::poll(fds.data(), fds.size(), 0) > 0) {
+      for (std::size_t i = 0; i < newcomers.size(); ++i) {
+        if (!fds[i].revents) continue;
+        LinkPeer& n = newcomers[i];
+        bool gone = n.conn.receive() == LinkIo::closed;
+        try {
+          while (n.conn.next_frame()) {}  // it says nothing the group needs before its welcome
+        } catch (const FrameError&) {
+          gone = true;
+        }
+        if (!gone) continue;
+        say(describe_node(n.node) + " went away before it was taken in; the group goes on as it is");
+        n.conn.close();
+      }
+      std::erase_if(newcomers, [](const LinkPeer& n) { return !n.conn.is_open(); });
+    }
+    return static_cast<int>(newcomers.size());
+  }
+
   // Node 0 of an elastic job, at a restart: the nodes that came meanwhile join the group as its
   // last ranks, after the `base` nodes it has, up to MAX (`into` gets their hellos). Returns the
   // group's new size; welcome_newcomers() then tells them.
@@ -490,14 +520,14 @@ struct NodeLink::Impl {
   // at its own restart).
   void grow_check() {
     if (!desk || cfg.nnodes_min == 0 || rejoin_deadline != Clock::time_point{}) return;
-    std::vector<int> slots;
-    for (int r = group_size + static_cast<int>(newcomers.size()); r < cfg.nnodes; ++r) slots.push_back(r);
+    std::vector<int> slots;  // the places left, once the held nodes that went are let go
+    for (int r = group_size + held_newcomers(); r < cfg.nnodes; ++r) slots.push_back(r);
     for (auto& n : desk->take(slots)) {
       say(describe_node(n.node) + " came; it joins the group at its next restart");
       n.node.node_rank = -1;  // numbered when it is taken in
       newcomers.push_back(std::move(n));
     }
-    if (newcomers.empty() || grow_asked || Clock::now() - last_group_start < cfg.scale_up_interval) return;
+    if (held_newcomers() == 0 || grow_asked || Clock::now() - last_group_start < cfg.scale_up_interval) return;
     {
       std::lock_guard lock(m);
       if (group.any_down(attempt) || group.decision(attempt)) return;
