@@ -373,6 +373,7 @@ int run_main(int argc, char** argv) {
   };
   const int node_rank = spec.node_rank;
   spec.requeue_when_preempted = requeue_expected(node_rank);
+  const std::string launcher_run_id = spec.run_id;
   Launcher launcher(std::move(spec), std::move(callbacks));
   RunReport report;
   try {
@@ -383,6 +384,12 @@ int run_main(int argc, char** argv) {
     tracking.finish(Outcome::failed);
     std::fprintf(stderr, "airhost: %s\n", e.what());
     return to_int(ExitCode::usage);
+  } catch (const std::exception& e) {
+    // What the launcher does not turn into a report itself: said in one line, exit 1, never
+    // an abort (the ranks are stopped by the launcher's own destructors on the way here).
+    tracking.finish(Outcome::failed);
+    std::fprintf(stderr, "airhost: run %s ended on an error of this host: %s\n", launcher_run_id.c_str(), e.what());
+    return to_int(ExitCode::generic_failure);
   }
   // A run stopped by the scheduler's warning is KILLED in MLflow (and RUNNING again if requeued).
   tracking.finish(report.warning_signal && !report.ok() ? Outcome::interrupted : report.outcome);

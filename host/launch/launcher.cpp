@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <cerrno>
 #include <system_error>
 
 #include "airhost/airhost.hpp"
@@ -25,6 +26,7 @@
 #include "launch/run/run_dir.hpp"
 #include "launch/supervisor.hpp"
 #include "launch/rank/warm_starter.hpp"
+#include "base/unique_fd.hpp"
 #include "base/util.hpp"
 
 namespace airhost {
@@ -170,6 +172,24 @@ void ensure_descriptors_for(int nprocs, int peers) {
                     (lim.rlim_max == RLIM_INFINITY ? std::string("unlimited") : std::to_string(lim.rlim_max)) +
                     "): raise it (ulimit -n " + std::to_string(std::max<long>(4096, needed)) + ") or start fewer " +
                     (peers > 0 ? "nodes or ranks" : "ranks"));
+}
+
+// What to do about an error of the system that stopped an attempt from starting.
+std::string resource_hint(const std::exception& e) {
+  const auto* se = dynamic_cast<const std::system_error*>(&e);
+  if (!se || se->code().category() != std::generic_category()) return "";
+  switch (se->code().value()) {
+    case EMFILE:
+      return " (this process used up its open files: raise ulimit -n, or see what holds them in /proc/" +
+             std::to_string(::getpid()) + "/fd)";
+    case ENFILE:
+      return " (the machine ran out of open files: fs.file-max)";
+    case ENOMEM:
+    case EAGAIN:
+      return " (the machine is out of memory or processes)";
+    default:
+      return "";
+  }
 }
 
 void validate(const LaunchSpec& spec, const std::string& rank_binary) {
@@ -385,6 +405,11 @@ RunReport Launcher::run() {
   if (spec.python.empty()) spec.python = default_python();
   validate(spec, rank_binary);
   ensure_descriptors_for(spec.nprocs, spec.nnodes > 1 && spec.node_rank == 0 ? spec.nnodes - 1 : 0);
+  // Two descriptors kept back, low in the table, for the final record: when the process's
+  // open files run out (a limit lowered under it, a flood of connections), the run still ends
+  // with a run.json that says why, written with these once they are let go.
+  detail::UniqueFd spare_fds[2] = {detail::UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC)),
+                                   detail::UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC))};
 
   if (spec.run_id.empty()) spec.run_id = detail::make_run_id();
   if (spec.run_dir.empty()) spec.run_dir = default_runs_root() + "/" + spec.run_id;
@@ -619,7 +644,23 @@ RunReport Launcher::run() {
       if (impl_->pending_cancel) supervisor.cancel(impl_->pending_cancel);
       if (!impl_->pending_abort.empty() && impl_->pending_abort_attempt == attempt) supervisor.abort(impl_->pending_abort, impl_->pending_abort_timed_out, impl_->pending_abort_hung);
     }
-    report = supervisor.run();
+    try {
+      report = supervisor.run();
+    } catch (const std::exception& e) {
+      // The system refused what an attempt needs before any of its ranks started (an event
+      // loop, pipes, sockets: no descriptor left, no memory): the run ends here with a record
+      // that says why, and the other nodes hear of it, never by an abort. (Once ranks run,
+      // every callback of the loop is guarded and nothing is thrown out of it.)
+      report = RunReport{};
+      report.outcome = Outcome::not_started;
+      report.exit_code = to_int(ExitCode::generic_failure);
+      report.run_id = spec.run_id;
+      report.run_dir = spec.run_dir;
+      report.message = "run " + spec.run_id + ": this node could not start " +
+                       (attempt == 0 ? std::string("its ranks") : "restart " + std::to_string(attempt)) + ": " +
+                       e.what() + resource_hint(e);
+      out.say(report.message);
+    }
     incomplete_logs.insert(incomplete_logs.end(), report.incomplete_logs.begin(), report.incomplete_logs.end());
     trimmed_logs.insert(trimmed_logs.end(), report.trimmed_logs.begin(), report.trimmed_logs.end());
     if (link) link->unwatch_loop();  // the wait for the other nodes is not a stuck loop
@@ -785,6 +826,7 @@ RunReport Launcher::run() {
       out.say(e.what());
     }
   }
+  for (auto& fd : spare_fds) fd.reset();  // theirs are the record's now
   try {
     ::unlink((spec.run_dir + "/" + kRecordReserve).c_str());  // its space is the record's now
     detail::write_file_atomic(spec.run_dir + "/run.json", detail::run_json(report, spec, started));

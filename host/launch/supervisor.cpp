@@ -696,40 +696,57 @@ struct Supervisor::Impl {
     start_time = now_seconds();
     if (int rc = uv_loop_init(&loop); rc < 0)
       throw std::system_error(-rc, std::generic_category(), "uv_loop_init");
-    uv_timer_init(&loop, &timeout_timer);
-    uv_timer_init(&loop, &grace_timer);
-    uv_timer_init(&loop, &alive_timer);
-    uv_timer_init(&loop, &record_timer);
-    record_timer.data = this;
-    timeout_timer.data = grace_timer.data = alive_timer.data = this;
-    make_watches();
-    if (plan.on_alive) {
-      plan.on_alive();
-      const auto every = static_cast<std::uint64_t>(std::max<long long>(plan.alive_every.count(), 1));
-      uv_timer_start(&alive_timer, [](uv_timer_t* t) {
-        auto* self = static_cast<Impl*>(t->data);
-        self->guarded("the loop's heartbeat", [&] { self->plan.on_alive(); });
-      }, every, every);
+    // What the attempt needs before a rank starts (timers, signals, pipes, sockets): should the
+    // system refuse one (no descriptor left), every handle made so far is closed before the
+    // error goes up to the launcher, so that no libuv handle outlives this object (a signal
+    // handle left registered would be called into freed memory).
+    try {
+      uv_timer_init(&loop, &timeout_timer);
+      uv_timer_init(&loop, &grace_timer);
+      uv_timer_init(&loop, &alive_timer);
+      uv_timer_init(&loop, &record_timer);
+      record_timer.data = this;
+      timeout_timer.data = grace_timer.data = alive_timer.data = this;
+      make_watches();
+      if (plan.on_alive) {
+        plan.on_alive();
+        const auto every = static_cast<std::uint64_t>(std::max<long long>(plan.alive_every.count(), 1));
+        uv_timer_start(&alive_timer, [](uv_timer_t* t) {
+          auto* self = static_cast<Impl*>(t->data);
+          self->guarded("the loop's heartbeat", [&] { self->plan.on_alive(); });
+        }, every, every);
+      }
+      uv_async_init(&loop, &async, [](uv_async_t* a) {
+        auto* self = static_cast<Impl*>(a->data);
+        self->guarded("handling cancel() or abort()", [&] { self->on_async(); });
+      });
+      async.data = this;
+      {
+        std::lock_guard lock(async_mutex);
+        async_ready = true;
+      }
+      if (spec().handle_signals) signals.start(&loop, [this](int sig) { on_signal(sig); });
+      escapees.start(&loop, &guard, plan.context.run_id, spec().reap_orphans, [this] {
+        std::set<int> pids;
+        for (auto& r : ranks)
+          if (r->alive()) pids.insert(r->report.pid);
+        return pids;
+      });
+      start_guard();
+      make_ranks();
+      watches->start_stacks();
+    } catch (...) {
+      {
+        std::lock_guard lock(async_mutex);
+        async_ready = false;  // cancel() from another thread finds no handle to wake
+      }
+      uv_walk(&loop, [](uv_handle_t* h, void*) {
+        if (!uv_is_closing(h)) uv_close(h, nullptr);
+      }, nullptr);
+      uv_run(&loop, UV_RUN_DEFAULT);
+      uv_loop_close(&loop);
+      throw;
     }
-    uv_async_init(&loop, &async, [](uv_async_t* a) {
-      auto* self = static_cast<Impl*>(a->data);
-      self->guarded("handling cancel() or abort()", [&] { self->on_async(); });
-    });
-    async.data = this;
-    {
-      std::lock_guard lock(async_mutex);
-      async_ready = true;
-    }
-    if (spec().handle_signals) signals.start(&loop, [this](int sig) { on_signal(sig); });
-    escapees.start(&loop, &guard, plan.context.run_id, spec().reap_orphans, [this] {
-      std::set<int> pids;
-      for (auto& r : ranks)
-        if (r->alive()) pids.insert(r->report.pid);
-      return pids;
-    });
-    start_guard();
-    make_ranks();
-    watches->start_stacks();
 
     // starting: spawn every rank, unless the run is torn down meanwhile.
     for (auto& r : ranks) {

@@ -5,6 +5,7 @@ are numbered by node 0 in the order they came, and every rank's RANK, WORLD_SIZE
 and GROUP_WORLD_SIZE follow the group that formed. Too few nodes is 138 after --join-timeout,
 and nodes that disagree on the range are refused before anything starts."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -400,3 +401,65 @@ def test_a_held_node_that_dies_is_let_go_and_costs_no_restart(airhost, tmp_path)
     assert [run.run_json["node_rank"] for run in runs] == [0, 1, 2]
     assert re.search(r"node 0 of 2: a node \(.*\) went away before it was taken in; the group goes on as it is",
                      runs[0].err), runs[0].err
+
+
+def test_a_flood_of_idle_connections_to_node_0_neither_spins_it_nor_uses_up_its_files_nor_locks_out_a_node(
+        airhost, tmp_path):
+    # #42: node 0 of an elastic job listens for the whole run, and held every connection that
+    # had not said hello yet, without limit, for 10 s: with ulimit -n 1024, 1,100 idle
+    # connections used its descriptors up, its link thread spun a core, `airhost stacks` got no
+    # answer and the next restart aborted the host. Now at most a bounded number wait for their
+    # hello, the oldest silent one making room for the next, so a real node still comes in.
+    import resource
+    import socket
+
+    d = tmp_path / "grow"
+    d.mkdir()
+    port = free_port()
+
+    def host(*ranked):
+        return airhost.start(script("grow_until.py"), "-n", "1", "--nnodes", "2:3", *ranked, "--master-addr",
+                             "127.0.0.1", "--master-port", str(port), "--join-settle", "1s", "--scale-up-interval",
+                             "1s", "--join-timeout", "60", "--node-timeout", "5", "--grace", "2", "--", d, "3")
+
+    first = [host("--node-rank", "0"), host()]
+    node0 = first[0].pid
+    resource.prlimit(node0, resource.RLIMIT_NOFILE, (1024, 1024))
+    wait_for(lambda: len(list(d.glob("ready-0-*"))) == 2, 60, "both ranks of the first group running")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    flood = []
+    try:
+        for _ in range(1100):
+            s = socket.socket()
+            s.settimeout(2)
+            try:
+                s.connect(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            flood.append(s)
+        assert len(flood) >= 1000, f"only {len(flood)} of 1100 connections were made"
+
+        def cpu():
+            fields = Path(f"/proc/{node0}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        time.sleep(1)
+        before = cpu()
+        time.sleep(3)
+        busy = (cpu() - before) / 3
+        assert busy < 0.3, f"node 0 used {busy:.0%} of a core while the flood sat idle"
+        held = len(os.listdir(f"/proc/{node0}/fd"))
+        assert held < 200, f"node 0 holds {held} descriptors"
+        stacks = subprocess.run([airhost.binary, "stacks", "--json"], env=airhost.env(first[0].runs_root),
+                                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert stacks.returncode == 0, stacks.stderr
+        third = host()  # a real node, from the flood's own address, while the flood is still open
+        runs = [h.finish(timeout=90) for h in (*first, third)]
+    finally:
+        for s in flood:
+            s.close()
+    for run in runs:
+        run.assert_rc(0)
+        assert run.run_json["nnodes"] == 3 and run.run_json["restarts"] == 1, run.run_json

@@ -361,3 +361,45 @@ def test_the_python_api_says_the_node_has_no_gpu_too(tmp_path):
     assert re.search(r"^This node has no GPU that airhost could find, so it ran 2 CPU ranks, and rank [01] failed "
                      r"calling CUDA or NCCL: run it on a GPU node, or use the gloo backend and the CPU device here\.$",
                      r.stdout, re.M), r.stdout
+
+
+RESTART_NEEDS_FILES = """
+import os, sys, time, pathlib
+d = pathlib.Path(sys.argv[1])
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    (d / "ready").touch()
+    while not (d / "go").exists():
+        time.sleep(0.05)
+    sys.exit(3)
+print("restarted", flush=True)
+"""
+
+
+def test_a_restart_the_system_refuses_ends_the_run_with_exit_1_and_a_record_never_an_abort(airhost, tmp_path):
+    # #42: an error of the system while an attempt is made (uv_loop_init, a pipe: EMFILE once a
+    # flood used the host's descriptors up) went out of the launcher as an exception nothing
+    # caught: the host aborted and run.json stayed "running". Here the host's open files are
+    # capped below what it holds while its rank fails, so the restart cannot have its loop.
+    import os
+    import resource
+
+    target = tmp_path / "restart_needs_files.py"
+    target.write_text(RESTART_NEEDS_FILES)
+    d = tmp_path / "marks"
+    d.mkdir()
+    started = airhost.start(str(target), "-n", "1", "--max-restarts", "1", "--", d)
+    wait_for(lambda: (d / "ready").exists(), 60, "the rank running")
+    # The open-files limit caps descriptor numbers: set at the number of the attempt's own event
+    # loop (its epoll, the host's only one), every descriptor below it stays the run's, so the
+    # restart's loop cannot be made once attempt 0's is gone.
+    fds = {int(n): os.readlink(f"/proc/{started.pid}/fd/{n}") for n in os.listdir(f"/proc/{started.pid}/fd")}
+    loops = [n for n, target in fds.items() if target == "anon_inode:[eventpoll]"]
+    assert len(loops) == 1, fds
+    resource.prlimit(started.pid, resource.RLIMIT_NOFILE, (loops[0], loops[0]))
+    (d / "go").touch()
+    run = started.finish(timeout=60)
+    run.assert_rc(1)
+    assert "could not start restart 1: " in run.err and "open files" in run.err, run.err
+    assert run.run_json["exit_code"] == 1 and run.run_json["state"] != "running", run.run_json
+    assert "could not start restart 1" in run.run_json["message"], run.run_json
+    assert "restarted" not in run.out

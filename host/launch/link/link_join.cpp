@@ -2,6 +2,7 @@
 #include "launch/link/link_join.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -26,9 +27,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// An accepted connection must say hello within this, or it is dropped (a port scanner, a
-// stray client of a previous run's store).
-constexpr auto kHelloWait = std::chrono::seconds(10);
+// An accepted connection must say hello (and, with a join token, prove it) within this, or it
+// is dropped (a port scanner, a stray client of a previous run's store, an idle flood). A real
+// node sends its hello as soon as it is connected.
+constexpr auto kHelloWait = std::chrono::seconds(5);
+// Connections that have not joined, node 0 holds at most this many, and this many from one
+// address: past either, the oldest that has not even said hello makes room for the newest (a
+// real node says hello at once, and one dropped unheard connects again: kAnswerWait). Nothing
+// a stranger does before it is authenticated can use up node 0's descriptors or memory.
+constexpr std::size_t kMaxPending = 64;
+constexpr std::size_t kMaxPendingPerAddress = 16;
+// Connections taken from the backlog per turn: the rest wait in the kernel's queue.
+constexpr int kAcceptPerTurn = 32;
 // How long a node waits for node 0's first answer to its hello before it takes what it reached
 // for something else than node 0's airhost, and connects again.
 constexpr auto kAnswerWait = std::chrono::seconds(3);
@@ -155,21 +165,68 @@ void say_goodbye(std::vector<LinkConnection*> conns, const std::string& frame) {
   throw LaunchError(message);
 }
 
-// Accepts what waits on the listener `l`. The accepted descriptors are owned by their
-// LinkConnection from here (closed with it: refused, dropped, or at the end of the run).
+// Makes room for one more connection from `address`: past kMaxPendingPerAddress from it, or
+// kMaxPending in all, the oldest one still silent is closed (left in `pending`, closed, for the
+// caller's turn to drop: its indexes stay as they were). False when there is no room (every
+// connection held has said hello and awaits its proof).
+bool make_room(std::vector<Pending>& pending, const std::string& address) {
+  std::size_t open = 0, from_address = 0;
+  for (const auto& p : pending)
+    if (p.conn.is_open()) {
+      ++open;
+      from_address += p.address == address;
+    }
+  const bool per_address = from_address >= kMaxPendingPerAddress;
+  if (!per_address && open < kMaxPending) return true;
+  Pending* oldest = nullptr;
+  for (auto& p : pending)
+    if (p.conn.is_open() && !p.hello && (!per_address || p.address == address) && (!oldest || p.since < oldest->since))
+      oldest = &p;
+  if (!oldest) return false;
+  oldest->conn.close();
+  return true;
+}
+
+// A descriptor kept free for accept() when the process has none left (EMFILE): the connection
+// at the head of the backlog is then taken and closed at once, instead of staying there and
+// making every poll return at once (a loop spinning a core while nothing can be accepted).
+void shed_one(int l) {
+  static int spare = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (spare < 0) return;
+  ::close(spare);
+  const int fd = ::accept4(l, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd >= 0) ::close(fd);
+  spare = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+// Accepts what waits on the listener `l` (kAcceptPerTurn at most). The accepted descriptors
+// are owned by their LinkConnection from here (closed with it: refused, dropped, made room
+// for, or at the end of the run); until the connection joins, its frames are kept small.
 void accept_all(int l, std::vector<Pending>& pending) {
   if (l < 0) return;
-  for (;;) {
+  for (int n = 0; n < kAcceptPerTurn; ++n) {
     sockaddr_storage sa{};
     socklen_t len = sizeof sa;
     const int fd = ::accept4(l, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) return;  // EAGAIN: none left; anything else: that client gave up, not ours to fix
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE) shed_one(l);
+      return;  // EAGAIN: none left; anything else: that client gave up, not ours to fix
+    }
     try {
-      pending.push_back({LinkConnection(fd), peer_address(sa), Clock::now(), std::nullopt, {}, {}});
+      LinkConnection conn(fd);
+      const std::string address = peer_address(sa);
+      if (!make_room(pending, address)) continue;  // conn closes the newcomer
+      conn.limit_frames(kMaxJoinFrame);
+      pending.push_back({std::move(conn), address, Clock::now(), std::nullopt, {}, {}});
     } catch (const std::system_error&) {
       // The connection closed the descriptor; a node that loses its connection connects again.
     }
   }
+}
+
+// Drops the connections made room for (closed by make_room), before a turn indexes them.
+void prune(std::vector<Pending>& pending) {
+  std::erase_if(pending, [](const Pending& p) { return !p.conn.is_open(); });
 }
 
 std::string token_on_node_only(const NodeHello& h) {
@@ -386,6 +443,7 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
   std::vector<int> node_rank_of;  // node rank -> index in `joined`, or -1; sized nnodes
   node_rank_of.assign(static_cast<std::size_t>(std::max(cfg.nnodes, 1)), -1);
   auto admit = [&](NodeHello h, LinkConnection conn) {
+    conn.limit_frames(kMaxLinkFrame);  // one of the job's nodes from here
     last_arrival = Clock::now();
     joined.push_back({h, std::move(conn)});
     std::string problem = check_nodes(self, {h});
@@ -435,6 +493,7 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
                      "--master-addr and --master-port on every node, and check that they can reach this one",
                  true);
     }
+    prune(pending);
     std::vector<pollfd> fds = {{l4, POLLIN, 0}, {l6, POLLIN, 0}};
     for (auto& p : pending) fds.push_back({p.conn.fd(), POLLIN, 0});
     for (auto& p : joined) fds.push_back({p.conn.fd(), POLLIN, 0});
@@ -846,7 +905,10 @@ std::vector<LinkPeer> RejoinDesk::take(const std::vector<int>& wanted) {
                   "lost may join again, with its own --node-rank";
     }
     if (got != Arrival::dropped) {
-      if (problem.empty()) back.push_back({*p.hello, std::move(p.conn)});
+      if (problem.empty()) {
+        p.conn.limit_frames(kMaxLinkFrame);  // one of the job's nodes from here
+        back.push_back({*p.hello, std::move(p.conn)});
+      }
       else {
         say(d.cfg, "refused " + describe_node(*p.hello) + ": " + problem);
         refuse_one(p, problem);

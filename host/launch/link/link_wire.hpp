@@ -57,6 +57,9 @@ enum class LinkKind : std::uint16_t {
 // larger length means the peer is not an airhost, or the stream is corrupted.
 constexpr std::size_t kMaxLinkFrame = 1024 * 1024;
 constexpr std::size_t kStacksAnswerCap = kMaxLinkFrame - 4096;
+// The largest frame a connection may send before it has joined: a hello or a proof is a few
+// hundred bytes (a host name is at most 255).
+constexpr std::size_t kMaxJoinFrame = 4096;
 
 // What a node says about itself when it joins.
 struct NodeHello {
@@ -136,6 +139,10 @@ class LinkConnection {
   // A whole frame read, if there is one. Throws FrameError when the bytes are not link frames
   // (bad magic, or a length over kMaxLinkFrame): the peer is then not to be trusted.
   std::optional<Frame> next_frame() { return decoder_.next(); }
+  // The largest frame this peer may announce (kMaxLinkFrame unless lowered): a connection not
+  // yet authenticated gets no more than a hello needs, so that a 16-byte header from anyone
+  // cannot make node 0 reserve a megabyte for it.
+  void limit_frames(std::size_t max_payload) { decoder_.set_max_length(max_payload); }
 
   // Closes the descriptor now; unsent output is dropped.
   void close() noexcept;

@@ -78,6 +78,7 @@ class FrameDecoder {
   explicit FrameDecoder(std::string channel = "control channel", std::uint64_t max_length = kMaxFramePayload)
       : channel_(std::move(channel)), max_length_(max_length) {}
   void feed(std::string_view bytes);
+  void set_max_length(std::uint64_t max_length) noexcept { max_length_ = max_length; }
   // Throws FrameError on a bad magic or a length over the cap: the stream is then unusable.
   std::optional<Frame> next();
   // Bytes of a frame still incomplete (non-zero at EOF means a truncated frame).
