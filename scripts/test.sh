@@ -35,14 +35,29 @@ TABLE=$LOGS/phases.txt
 : >"$TABLE"
 T_START=$(date +%s)
 now() { date +%s; }
+# CPU seconds (user and system) of this shell's finished children so far, into CPU: on 2 cores
+# the minutes of CI are CPU, so the table says how much of it each part used. (`times` in this
+# shell itself: in a $(...) it would count the subshell's children.)
+cpu_now() {
+  local f=$LOGS/.times.$BASHPID
+  times >"$f"
+  CPU=$(awk 'END { s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] } printf "%d", s }' "$f")
+  rm -f "$f"
+}
+# row NAME T0 CPU0 RC [NOTE]: one line of the table.
+row() {
+  cpu_now
+  printf '%-34s %5d s %6d CPU-s%s%s\n' "$1" "$(( $(now) - $2 ))" "$(( CPU - $3 ))" "${5:+ $5}" \
+    "$([ "$4" = 0 ] || echo "  FAILED (exit $4)")"
+}
 # phase NAME CMD...: runs CMD in the foreground and notes how long it took.
 phase() {
-  local name=$1 t0 rc=0
+  local name=$1 t0 c0 rc=0
   shift
-  t0=$(now)
+  t0=$(now); cpu_now; c0=$CPU
   echo "test.sh: $name" >&2
   "$@" || rc=$?
-  printf '%-34s %5d s%s\n' "$name" "$(( $(now) - t0 ))" "$([ $rc = 0 ] || echo "  FAILED (exit $rc)")" >>"$TABLE"
+  row "$name" "$t0" "$c0" $rc >>"$TABLE"
   return $rc
 }
 # background NAME CMD...: runs CMD behind the foreground at the lowest CPU and I/O priority,
@@ -52,10 +67,10 @@ background() {
   local name=$1
   shift
   echo "test.sh: $name (in the background, build/test-logs/$name.log)" >&2
-  ( t0=$(now); rc=0
+  ( t0=$(now); cpu_now; c0=$CPU; rc=0
     renice -n 19 -p $BASHPID >/dev/null; ionice -c 3 -p $BASHPID 2>/dev/null || true
     "$@" >"$LOGS/$name.log" 2>&1 || rc=$?
-    printf '%-34s %5d s (background)%s\n' "$name" "$(( $(now) - t0 ))" "$([ $rc = 0 ] || echo "  FAILED (exit $rc)")" >>"$TABLE"
+    row "$name" "$t0" "$c0" $rc "(background)" >>"$TABLE"
     exit $rc ) &
   BG_PID[$name]=$!
 }
@@ -72,9 +87,10 @@ settle() {
 finish() {
   local rc=$?
   for pid in "${BG_PID[@]}"; do kill -- "$pid" 2>/dev/null || true; done
-  printf '%-34s %5d s%s\n' "total" "$(( $(now) - T_START ))" "$([ $rc = 0 ] || echo "  FAILED")" >>"$TABLE"
+  row total "$T_START" 0 $rc >>"$TABLE"
   echo "--- test.sh: where the time went ---" >&2
   cat "$TABLE" >&2
+  if [ -s "$LOGS/background-steps.txt" ]; then echo "of which in the background:" >&2; cat "$LOGS/background-steps.txt" >&2; fi
 }
 trap finish EXIT
 
@@ -128,16 +144,40 @@ phase "NVIDIA headers and libraries" "$PY" scripts/fetch-gpu-sdk.py build/gpu-sd
 phase "build: doctest suite, helpers" build_dev
 
 # Behind the foreground, one after the other (each uses both cores when the foreground waits):
+#  - the sdist and a wheel per CPython 3.10-3.13, as users install them, first: the GPU
+#    bundle's test (test_gpu_offline.py) takes two of them from dist/ once WHEELS_READY says so;
 #  - every parser of outside bytes under libFuzzer, AddressSanitizer and UBSan, from its corpus
 #    (tests/fuzz/), a fixed number of runs from a fixed seed: the same inputs each time;
 #  - the ASan+UBSan and TSan trees of scripts/sanitize.sh, built (it runs them further down);
-#  - the sdist and a wheel per CPython 3.10-3.13, as users install them.
-bg_builds() {
-  if [ "${AIRHOST_TEST_FUZZ:-1}" = 1 ]; then AIRHOST_FUZZ_TIMEOUT=300 scripts/fuzz.sh || return $?; fi
-  if [ "${AIRHOST_TEST_SANITIZE:-1}" = 1 ]; then scripts/sanitize.sh build || return $?; fi
-  if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then scripts/build-wheels.sh || return $?; fi
+#  - tests/py/test_wheels.py: the sdist and each wheel installed into a fresh venv with no
+#    compiler in reach, and run (its own pytest session, its own temporary directory).
+WHEELS_READY=$LOGS/wheels-ready
+rm -f "$WHEELS_READY"
+bg_step() {
+  local name=$1 t0 c0 rc=0
+  shift
+  t0=$(now); cpu_now; c0=$CPU
+  echo "test.sh: $name" >&2
+  "$@" || rc=$?
+  row "  $name" "$t0" "$c0" $rc >>"$LOGS/background-steps.txt"
+  return $rc
 }
-background "fuzz, sanitizer builds, wheels" bg_builds
+bg_builds() {
+  : >"$LOGS/background-steps.txt"
+  if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then
+    local rc=0
+    bg_step "wheels and sdist built" scripts/build-wheels.sh || rc=$?
+    if [ $rc = 0 ]; then echo ok >"$WHEELS_READY"; else echo "failed (exit $rc)" >"$WHEELS_READY"; return $rc; fi
+  fi
+  if [ "${AIRHOST_TEST_FUZZ:-1}" = 1 ]; then bg_step "fuzz targets" env AIRHOST_FUZZ_TIMEOUT=300 scripts/fuzz.sh || return $?; fi
+  if [ "${AIRHOST_TEST_SANITIZE:-1}" = 1 ]; then bg_step "sanitizer trees built" scripts/sanitize.sh build || return $?; fi
+  if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then
+    bg_step "wheels and sdist installed" env AIRHOST_TEST_DIST="$ROOT/dist" "$PY" -m pytest -q -p no:cacheprovider \
+      --basetemp="/tmp/airhost-wheels-tests.$$" tests/py/test_wheels.py || return $?
+  fi
+}
+[ "${AIRHOST_TEST_WHEELS:-1}" = 1 ] && export AIRHOST_TEST_WHEELS_READY=$WHEELS_READY
+background "wheels, fuzz, sanitizer trees" bg_builds
 
 phase "doctest suite" build/dev/airhost_tests --no-version=true --minimal=true
 # The whole pytest suite but the wheels' file (tests/py/conftest.py: each test has its own
@@ -147,16 +187,11 @@ parallel=()
 phase "pytest suite ($WORKERS worker(s))" "$PY" -m pytest -q -p no:cacheprovider "${parallel[@]}" --durations=25 \
   --ignore=tests/py/test_wheels.py "$@"
 
-phase "(waiting for the background builds)" settle "fuzz, sanitizer builds, wheels"
+phase "(waiting for the background)" settle "wheels, fuzz, sanitizer trees"
 # The doctest suite and a slice of the end-to-end suite under ASan and UBSan, the doctest suite
-# under TSan; a single report fails (tests/sanitizers/README.md: what is exempt, and why).
+# under TSan, alone at the end (their deadlines are a sanitized binary's); a single report fails
+# (tests/sanitizers/README.md: what is exempt, and why).
 if [ "${AIRHOST_TEST_SANITIZE:-1}" = 1 ]; then phase "sanitizers: run" scripts/sanitize.sh run; fi
-# tests/py/test_wheels.py installs the sdist and each wheel into a fresh venv with no compiler
-# in reach.
-if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then
-  phase "wheels and sdist installed" env AIRHOST_TEST_DIST="$ROOT/dist" \
-    "$PY" -m pytest -q -p no:cacheprovider tests/py/test_wheels.py
-fi
 # Small versions of the benchmarks, each against its peer in the same run (bench/guard.py): a
 # figure several times worse than its bound fails the run; its table stays in the log.
 if [ "${AIRHOST_TEST_GUARD:-1}" = 1 ]; then phase "performance guard" "$PY" bench/guard.py --json-file "$LOGS/guard.json"; fi
