@@ -111,6 +111,11 @@ std::string dirname_of(const std::string& path) {
 
 bool is_executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
 
+bool is_file(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
 std::string json_quoted(std::string_view s) { return "\"" + json_escape(s) + "\""; }
 
 std::string single_quoted(std::string_view text) { return "'" + std::string(text) + "'"; }

@@ -26,6 +26,8 @@ std::string current_directory();
 std::string executable_path();            // /proc/self/exe
 std::string dirname_of(const std::string& path);
 bool is_executable(const std::string& path);
+// A regular file (following links) at `path`.
+bool is_file(const std::string& path);
 std::string json_escape(std::string_view s);  // contents of a JSON string, without quotes
 std::string json_quoted(std::string_view s);  // a JSON string: "…", escaped
 // 'text' as the user wrote it, for a message (no escaping: shell_quote is for the shell).

@@ -20,6 +20,7 @@
 #include "airhost/launch.hpp"
 #include "base/util.hpp"
 #include "launch/link/link_auth.hpp"
+#include "launch/link/link_door.hpp"
 
 namespace airhost::detail {
 namespace {
@@ -27,86 +28,14 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// An accepted connection must say hello (and, with a join token, prove it) within this, or it
-// is dropped (a port scanner, a stray client of a previous run's store, an idle flood). A real
-// node sends its hello as soon as it is connected.
-constexpr auto kHelloWait = std::chrono::seconds(5);
-// Connections that have not joined, node 0 holds at most this many, and this many from one
-// address: past either, the oldest that has not even said hello makes room for the newest (a
-// real node says hello at once, and one dropped unheard connects again: kAnswerWait). Nothing
-// a stranger does before it is authenticated can use up node 0's descriptors or memory.
-constexpr std::size_t kMaxPending = 64;
-constexpr std::size_t kMaxPendingPerAddress = 16;
-// Connections taken from the backlog per turn: the rest wait in the kernel's queue.
-constexpr int kAcceptPerTurn = 32;
 // How long a node waits for node 0's first answer to its hello before it takes what it reached
 // for something else than node 0's airhost, and connects again.
 constexpr auto kAnswerWait = std::chrono::seconds(3);
-// How long a refusal may take to leave, all connections together, before node 0 gives up.
-constexpr auto kGoodbyeWait = std::chrono::seconds(1);
-
 std::string host_name() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return "unknown";
   return buf;
 }
-
-std::string peer_address(const sockaddr_storage& sa) {
-  char buf[INET6_ADDRSTRLEN] = {};
-  if (sa.ss_family == AF_INET)
-    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(sa).sin_addr, buf, sizeof buf);
-  else if (sa.ss_family == AF_INET6) {
-    const auto& a6 = reinterpret_cast<const sockaddr_in6&>(sa).sin6_addr;
-    if (IN6_IS_ADDR_V4MAPPED(&a6)) ::inet_ntop(AF_INET, &a6.s6_addr[12], buf, sizeof buf);
-    else ::inet_ntop(AF_INET6, &a6, buf, sizeof buf);
-  }
-  return buf[0] ? buf : "?";
-}
-
-void say(const NodeLinkConfig& cfg, const std::string& line) {
-  if (!cfg.say) return;
-  // An elastic job's node without a rank yet: "a node of 2:4".
-  const std::string count =
-      (cfg.nnodes_min > 0 ? std::to_string(cfg.nnodes_min) + ":" : std::string()) + std::to_string(cfg.nnodes);
-  cfg.say((cfg.node_rank < 0 ? std::string("a node") : "node " + std::to_string(cfg.node_rank)) + " of " + count + ": " +
-          line);
-}
-
-// What node 0 says of strangers on its port (a scanner, a health check, a flood of junk, a
-// node with the wrong token): the first kStrangerLines of each kStrangerWindow one by one, the
-// rest counted and said in one line once the window is over, so that a flood neither fills
-// the log nor costs the join its time.
-constexpr int kStrangerLines = 5;
-constexpr auto kStrangerWindow = std::chrono::seconds(10);
-
-class StrangerLines {
- public:
-  void say(const NodeLinkConfig& cfg, const std::string& line) {
-    tick(cfg);
-    if (said_ < kStrangerLines) {
-      ++said_;
-      detail::say(cfg, line);
-    } else {
-      ++hidden_;
-    }
-  }
-  // The count of a window that is over; with `now`, of this one too (the join is done).
-  void tick(const NodeLinkConfig& cfg, bool now = false) {
-    if (!now && Clock::now() - since_ < kStrangerWindow) return;
-    if (hidden_)
-      detail::say(cfg, "refused or ignored " + std::to_string(hidden_) + " more connection(s) within " +
-                           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kStrangerWindow).count()) +
-                           " s, not named one by one (the first " + std::to_string(kStrangerLines) + " are above)");
-    since_ = Clock::now();
-    said_ = 0;
-    hidden_ = 0;
-  }
-
- private:
-  Clock::time_point since_ = Clock::now();
-  int said_ = 0;
-  long hidden_ = 0;
-};
 
 int int_field(const std::string& text, int fallback) {
   try {
@@ -128,270 +57,12 @@ std::string joined_list(const std::vector<std::string>& names) {
   return join_list(first) + " and " + std::to_string(names.size() - kNamed) + " more";
 }
 
-void say_goodbye(std::vector<LinkConnection*> conns, const std::string& frame);
-
-// A connection accepted by node 0 that has not joined yet: no hello yet, or (with a join
-// token) a hello whose proof has not come yet.
-struct Pending {
-  LinkConnection conn;
-  std::string address;
-  Clock::time_point since;
-  std::optional<NodeHello> hello;  // said, and challenged: the proof is awaited
-  std::string hello_payload;       // as it came, for the proof
-  std::string hub_nonce;           // this connection's challenge
-};
-
-// One node on a pending connection is refused: it hears why, and leaves (kGoodbyeWait at
-// most, since nothing else was queued on it).
-void refuse_one(Pending& p, const std::string& message) {
-  say_goodbye({&p.conn}, link_frame(LinkKind::refuse, {{"message", message}, {"kind", "usage"}}));
-}
-
-// Sends `frame` (if any) to each connection and closes them all, giving the frames kGoodbyeWait in all
-// to leave. A connection whose peer is already gone (send says closed) just closes: there is
-// no one left to tell.
-void say_goodbye(std::vector<LinkConnection*> conns, const std::string& frame) {
-  if (!frame.empty())
-    for (LinkConnection* c : conns) (void)c->send(frame);  // full cannot happen: nothing else was queued
-  flush_all(conns, Clock::now() + kGoodbyeWait);
-  for (LinkConnection* c : conns) c->close_gently();
-}
-
 [[noreturn]] void refuse_all(std::vector<LinkPeer>& joined, const std::string& message, bool join_error) {
   std::vector<LinkConnection*> conns;
   for (auto& p : joined) conns.push_back(&p.conn);
   say_goodbye(conns, link_frame(LinkKind::refuse, {{"message", message}, {"kind", join_error ? "join" : "usage"}}));
   if (join_error) throw NodeJoinError(message);
   throw LaunchError(message);
-}
-
-// Makes room for one more connection from `address`: past kMaxPendingPerAddress from it, or
-// kMaxPending in all, the oldest one still silent is closed (left in `pending`, closed, for the
-// caller's turn to drop: its indexes stay as they were). False when there is no room (every
-// connection held has said hello and awaits its proof).
-bool make_room(std::vector<Pending>& pending, const std::string& address) {
-  std::size_t open = 0, from_address = 0;
-  for (const auto& p : pending)
-    if (p.conn.is_open()) {
-      ++open;
-      from_address += p.address == address;
-    }
-  const bool per_address = from_address >= kMaxPendingPerAddress;
-  if (!per_address && open < kMaxPending) return true;
-  Pending* oldest = nullptr;
-  for (auto& p : pending)
-    if (p.conn.is_open() && !p.hello && (!per_address || p.address == address) && (!oldest || p.since < oldest->since))
-      oldest = &p;
-  if (!oldest) return false;
-  oldest->conn.close();
-  return true;
-}
-
-// A descriptor kept free for accept() when the process has none left (EMFILE): the connection
-// at the head of the backlog is then taken and closed at once, instead of staying there and
-// making every poll return at once (a loop spinning a core while nothing can be accepted).
-void shed_one(int l) {
-  static int spare = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (spare < 0) return;
-  ::close(spare);
-  const int fd = ::accept4(l, nullptr, nullptr, SOCK_CLOEXEC);
-  if (fd >= 0) ::close(fd);
-  spare = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-}
-
-// Accepts what waits on the listener `l` (kAcceptPerTurn at most). The accepted descriptors
-// are owned by their LinkConnection from here (closed with it: refused, dropped, made room
-// for, or at the end of the run); until the connection joins, its frames are kept small.
-void accept_all(int l, std::vector<Pending>& pending) {
-  if (l < 0) return;
-  for (int n = 0; n < kAcceptPerTurn; ++n) {
-    sockaddr_storage sa{};
-    socklen_t len = sizeof sa;
-    const int fd = ::accept4(l, reinterpret_cast<sockaddr*>(&sa), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE) shed_one(l);
-      return;  // EAGAIN: none left; anything else: that client gave up, not ours to fix
-    }
-    try {
-      LinkConnection conn(fd);
-      const std::string address = peer_address(sa);
-      if (!make_room(pending, address)) continue;  // conn closes the newcomer
-      conn.limit_frames(kMaxJoinFrame);
-      pending.push_back({std::move(conn), address, Clock::now(), std::nullopt, {}, {}});
-    } catch (const std::system_error&) {
-      // The connection closed the descriptor; a node that loses its connection connects again.
-    }
-  }
-}
-
-// Drops the connections made room for (closed by make_room), before a turn indexes them.
-void prune(std::vector<Pending>& pending) {
-  std::erase_if(pending, [](const Pending& p) { return !p.conn.is_open(); });
-}
-
-std::string token_on_node_only(const NodeHello& h) {
-  return describe_node(h) + " was given a join token and node 0 was not; give every node the same "
-                            "AIRHOST_JOIN_TOKEN (or --join-token-file), or none";
-}
-
-// What a pending connection came to, once what it sent is read.
-enum class Arrival {
-  waiting,            // nothing whole yet, or its proof is awaited
-  admitted,           // p.hello holds who it is, checked against the token if there is one
-  dropped,            // refused (said here, and told to it) or not a node at all; p.conn may be closed
-  token_on_node_only, // it holds a token and node 0 none: p.hello says who
-};
-
-// Reads what `p` sent and takes the join one step on: a hello (with a token: challenged, and
-// answered with the proof node 0 expects), a proof. A stranger (no proof, a wrong or replayed
-// one, bytes that are not link frames, silence past kHelloWait) is dropped with one line here
-// naming where it came from, and the reason told to it, so the job goes on waiting for the
-// real node. On an open join a hello is answered at once (`heard`), so that a node that
-// reached something else on the port knows it.
-Arrival advance(const NodeLinkConfig& cfg, Pending& p, StrangerLines& strangers) {
-  const bool auth = !cfg.join_token.empty();
-  auto refuse_stranger = [&](const std::string& why, const std::string& to_node) {
-    strangers.say(cfg, "refused a join from " + p.address + (p.hello ? " as node " + std::to_string(p.hello->node_rank) : "") +
-                 ": " + why);
-    refuse_one(p, to_node);
-    return Arrival::dropped;
-  };
-  const LinkIo got = p.conn.receive();
-  std::optional<Frame> f;
-  bool garbage = false;
-  try {
-    f = p.conn.next_frame();
-    if (f && !p.hello && f->kind == static_cast<std::uint16_t>(LinkKind::hello)) {
-      NodeHello h = decode_hello(f->payload);
-      h.address = p.address;
-      p.hello = h;
-      if (!auth && !h.nonce.empty()) return Arrival::token_on_node_only;
-      if (!auth) {
-        (void)p.conn.send(link_frame(LinkKind::heard));
-        return Arrival::admitted;
-      }
-      if (h.nonce.empty())
-        return refuse_stranger("it holds no join token (a node started without one, or not one of this job's)",
-                               "node 0 admits only nodes holding this job's join token; give this node the same "
-                               "AIRHOST_JOIN_TOKEN (or --join-token-file) as node 0");
-      p.hello_payload = f->payload;
-      p.hub_nonce = fresh_nonce();
-      (void)p.conn.send(link_frame(LinkKind::challenge,
-                                   {{"nonce", p.hub_nonce}, {"proof", hub_proof(cfg.join_token, h.nonce, p.hub_nonce)}}));
-      return Arrival::waiting;
-    }
-    if (f && p.hello && f->kind == static_cast<std::uint16_t>(LinkKind::proof)) {
-      const std::string expected = node_proof(cfg.join_token, p.hub_nonce, p.hello->nonce, p.hello_payload);
-      if (!same_digest(decode_fields(f->payload)["proof"], expected))
-        return refuse_stranger("its proof of the join token is wrong (another token, or a proof replayed from an "
-                               "earlier join)",
-                               "node 0 refused this node's join token: it is not node 0's; give every node the same "
-                               "AIRHOST_JOIN_TOKEN (or --join-token-file)");
-      return Arrival::admitted;
-    }
-  } catch (const FrameError&) {
-    garbage = true;
-  }
-  if (garbage || f) {  // bytes that are not link frames, or a frame out of turn
-    strangers.say(cfg, p.hello ? "refused a join from " + p.address + " as node " + std::to_string(p.hello->node_rank) +
-                                     ": it sent something else than the proof of its join token"
-                               : "ignored a connection from " + p.address + ": it does not speak airhost's node link");
-    return Arrival::dropped;
-  }
-  if (got == LinkIo::closed || Clock::now() - p.since > kHelloWait) {
-    if (p.hello && got != LinkIo::closed)
-      strangers.say(cfg, "refused a join from " + p.address + " as node " + std::to_string(p.hello->node_rank) +
-                             ": no proof of its join token came within " +
-                   duration_text(std::chrono::duration_cast<milliseconds>(kHelloWait)));
-    return Arrival::dropped;
-  }
-  return Arrival::waiting;
-}
-
-// The nodes disagree: before node 0 gives up, the nodes still on their way (up to `missing`
-// of them, for a few seconds) get the same refusal, so that they too exit 2 at once instead
-// of waiting out the join timeout for a node 0 that has gone.
-void refuse_late_joiners(int l4, int l6, std::vector<Pending>& pending, const std::string& message, int missing) {
-  const std::string refusal = link_frame(LinkKind::refuse, {{"message", message}, {"kind", "usage"}});
-  const auto until = Clock::now() + std::chrono::seconds(3);
-  std::vector<Pending> answered;
-  while (missing > 0 && Clock::now() < until) {
-    std::vector<pollfd> fds = {{l4, POLLIN, 0}, {l6, POLLIN, 0}};
-    for (auto& p : pending) fds.push_back({p.conn.fd(), POLLIN, 0});
-    ::poll(fds.data(), fds.size(), 100);
-    accept_all(l4, pending);
-    accept_all(l6, pending);
-    for (std::size_t i = 0; i < pending.size();) {
-      Pending& p = pending[i];
-      const LinkIo got = p.conn.receive();
-      bool done_with = got == LinkIo::closed;
-      try {
-        if (auto hello = p.conn.next_frame(); hello && hello->kind == static_cast<std::uint16_t>(LinkKind::hello)) {
-          (void)p.conn.send(refusal);  // closed: that node left already; the rest leaves in the goodbye below
-          answered.push_back(std::move(p));
-          pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-          --missing;
-          continue;
-        }
-      } catch (const FrameError&) {
-        done_with = true;  // not a node: just close it
-      }
-      if (done_with) {
-        p.conn.close_gently();
-        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
-        continue;
-      }
-      ++i;
-    }
-  }
-  std::vector<LinkConnection*> conns;
-  for (auto& p : answered) conns.push_back(&p.conn);
-  say_goodbye(conns, {});  // the refusals are queued already: only flush and close
-}
-
-int listen_on(int family, int port, std::string& error) {
-  int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd < 0) {
-    error = std::strerror(errno);
-    return -1;
-  }
-  int on = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-  int rc;
-  if (family == AF_INET) {
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_ANY);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    rc = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  } else {
-    ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof on);
-    sockaddr_in6 a{};
-    a.sin6_family = AF_INET6;
-    a.sin6_addr = in6addr_any;
-    a.sin6_port = htons(static_cast<uint16_t>(port));
-    rc = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  }
-  // Every node of a job connects at about the same moment: a backlog shorter than the job drops
-  // the surplus SYNs, and each dropped node tries again only after TCP's 1 s retransmission.
-  // The kernel caps it at net.core.somaxconn (4096 by default since Linux 5.4).
-  if (rc < 0 || ::listen(fd, SOMAXCONN > 4096 ? SOMAXCONN : 4096) < 0) {
-    error = std::strerror(errno);
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-NodeHello self_hello(const NodeLinkConfig& cfg) {
-  NodeHello self;
-  self.node_rank = cfg.node_rank;
-  self.nnodes = cfg.nnodes;
-  self.nnodes_min = cfg.nnodes_min;
-  self.nprocs = cfg.nprocs;
-  self.max_restarts = cfg.max_restarts;
-  self.host = host_name();
-  return self;
 }
 
 JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const std::function<bool()>& cancelled) {
@@ -424,16 +95,16 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
   auto last_arrival = Clock::now();
   bool said_enough = false;
   if (elastic)
-    say(cfg, "waiting on port " + std::to_string(cfg.master_port) + " for " + std::to_string(want_min) + " to " +
+    link_say(cfg, "waiting on port " + std::to_string(cfg.master_port) + " for " + std::to_string(want_min) + " to " +
                  std::to_string(want_max) + " other node(s) to join (--nnodes " + std::to_string(cfg.nnodes_min) + ":" +
                  std::to_string(cfg.nnodes) + "): the job starts once " + std::to_string(want_min) +
                  " joined and no other came for " + duration_text(cfg.join_settle) + " (join_settle), or at once when " +
                  std::to_string(want_max) + " did");
   else
-    say(cfg, "waiting on port " + std::to_string(cfg.master_port) + " for " + std::to_string(cfg.nnodes - 1) +
+    link_say(cfg, "waiting on port " + std::to_string(cfg.master_port) + " for " + std::to_string(cfg.nnodes - 1) +
                  " other node(s) to join");
   if (cfg.join_token.empty())
-    say(cfg, "the join is open: any host that reaches port " + std::to_string(cfg.master_port) +
+    link_say(cfg, "the join is open: any host that reaches port " + std::to_string(cfg.master_port) +
                  " may join as a node; give every node the same AIRHOST_JOIN_TOKEN (or --join-token-file) to admit "
                  "only this job's");
   const bool auth = !cfg.join_token.empty();
@@ -456,7 +127,7 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
       refuse_late_joiners(l4, l6, pending, problem, cfg.nnodes - 1 - static_cast<int>(joined.size()));
       refuse_all(joined, problem, false);
     }
-    say(cfg, describe_node(h) + " joined" + (auth ? " (its join token checked)" : ""));
+    link_say(cfg, describe_node(h) + " joined" + (auth ? " (its join token checked)" : ""));
   };
   for (;;) {
     const int n = static_cast<int>(joined.size());
@@ -464,7 +135,7 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
     if (elastic && n >= want_min) {
       if (Clock::now() - last_arrival >= cfg.join_settle || Clock::now() >= deadline) break;
       if (!said_enough)
-        say(cfg, std::to_string(n + 1) + " nodes here, enough for --nnodes " + std::to_string(cfg.nnodes_min) + ":" +
+        link_say(cfg, std::to_string(n + 1) + " nodes here, enough for --nnodes " + std::to_string(cfg.nnodes_min) + ":" +
                      std::to_string(cfg.nnodes) + "; starting once no other node comes for " +
                      duration_text(cfg.join_settle));
       said_enough = true;
@@ -493,7 +164,7 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
                      "--master-addr and --master-port on every node, and check that they can reach this one",
                  true);
     }
-    prune(pending);
+    prune_pending(pending);
     std::vector<pollfd> fds = {{l4, POLLIN, 0}, {l6, POLLIN, 0}};
     for (auto& p : pending) fds.push_back({p.conn.fd(), POLLIN, 0});
     for (auto& p : joined) fds.push_back({p.conn.fd(), POLLIN, 0});
@@ -510,7 +181,7 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
     bool left = false;
     for (std::size_t i = joined_polled; i-- > 0;) {
       if (!fds[2 + pending_polled + i].revents || joined[i].conn.receive() != LinkIo::closed) continue;
-      say(cfg, describe_node(joined[i].node) + " left before every node joined; waiting for it again");
+      link_say(cfg, describe_node(joined[i].node) + " left before every node joined; waiting for it again");
       joined.erase(joined.begin() + static_cast<std::ptrdiff_t>(i));  // closes its connection
       left = true;
     }
@@ -574,10 +245,10 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
   }
   group.peers = std::move(joined);
   if (elastic)
-    say(cfg, std::to_string(group.nnodes) + " nodes joined (--nnodes " + std::to_string(cfg.nnodes_min) + ":" +
+    link_say(cfg, std::to_string(group.nnodes) + " nodes joined (--nnodes " + std::to_string(cfg.nnodes_min) + ":" +
                  std::to_string(cfg.nnodes) + "): " + joined_list(names) + "; starting the ranks");
   else
-    say(cfg, "all " + std::to_string(group.nnodes) + " nodes joined (" + joined_list(names) + "); starting the ranks");
+    link_say(cfg, "all " + std::to_string(group.nnodes) + " nodes joined (" + joined_list(names) + "); starting the ranks");
   return group;  // the listeners close here: rank 0's store takes the port next
 }
 
@@ -646,7 +317,7 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
     std::string address;
     const int fd = connect_once(cfg, deadline, address, last_problem);
     if (fd < 0) {
-      if (!said_waiting) say(cfg, "waiting for node 0 at " + where + " (" + last_problem + ")");
+      if (!said_waiting) link_say(cfg, "waiting for node 0 at " + where + " (" + last_problem + ")");
       said_waiting = true;
       pause(retry);
       retry = std::min(retry * 3 / 2, milliseconds(500));
@@ -671,7 +342,7 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
       pause(milliseconds(500));
       continue;
     }
-    say(cfg, "connected to node 0 at " + where + "; waiting for every node to join");
+    link_say(cfg, "connected to node 0 at " + where + "; waiting for every node to join");
     said_waiting = true;
     // Node 0 answers a hello at once (a challenge, `heard`, a refusal), and welcomes the node
     // once every node has joined. Silence means something else holds the port.
@@ -746,7 +417,7 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
           group.peers.push_back({zero, std::move(conn)});
           NodeLinkConfig now = cfg;  // said as the node it is now
           now.node_rank = group.node_rank, now.nnodes = group.nnodes, now.nnodes_min = 0;
-          say(now, group.attempt > 0 ? "came back to the job at " + describe_node(zero) + ", which restarts every node: "
+          link_say(now, group.attempt > 0 ? "came back to the job at " + describe_node(zero) + ", which restarts every node: "
                                            "starting the ranks as restart " + std::to_string(group.attempt)
                                      : "all " + std::to_string(group.nnodes) + " nodes joined at " + describe_node(zero) +
                                            "; starting the ranks");
@@ -758,14 +429,14 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
       }
       if (got == LinkIo::closed) {  // node 0 went away before answering (restarted?): connect again
         last_problem = "node 0 closed the connection before every node joined";
-        say(cfg, last_problem + "; trying again");
+        link_say(cfg, last_problem + "; trying again");
         pause(milliseconds(500));
         again = true;
       } else if (!answered && Clock::now() - hello_sent > kAnswerWait) {
         // Rank 0's store of an attempt under way (node 0 listens again only between attempts,
         // when this node was lost), or another program: not node 0's airhost, not yet.
         last_problem = "what answers there is not node 0's airhost yet (rank 0's store of an attempt under way?)";
-        say(cfg, last_problem + "; trying again");
+        link_say(cfg, last_problem + "; trying again");
         pause(milliseconds(500));
         again = true;
       }
@@ -777,6 +448,17 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
 }
 
 }  // namespace
+
+NodeHello self_hello(const NodeLinkConfig& cfg) {
+  NodeHello self;
+  self.node_rank = cfg.node_rank;
+  self.nnodes = cfg.nnodes;
+  self.nnodes_min = cfg.nnodes_min;
+  self.nprocs = cfg.nprocs;
+  self.max_restarts = cfg.max_restarts;
+  self.host = host_name();
+  return self;
+}
 
 std::string join_list(const std::vector<std::string>& items) {
   std::string out;
@@ -838,86 +520,6 @@ std::string resolve_problem(const std::string& host) {
   if (res) ::freeaddrinfo(res);
   if (rc == 0 || rc == EAI_AGAIN) return {};
   return rc == EAI_SYSTEM ? std::strerror(errno) : ::gai_strerror(rc);
-}
-
-// ---- the desk for nodes that come back -----------------------------------------------------
-
-struct RejoinDesk::Impl {
-  NodeLinkConfig cfg;
-  NodeHello self;
-  int l4 = -1, l6 = -1;
-  std::vector<Pending> pending;
-  StrangerLines strangers;
-  ~Impl() {
-    for (int fd : {l4, l6})
-      if (fd >= 0) ::close(fd);
-  }
-};
-
-RejoinDesk::RejoinDesk(const NodeLinkConfig& config) : impl_(std::make_unique<Impl>()) {
-  impl_->cfg = config;
-  impl_->self = self_hello(config);
-  std::string error;
-  impl_->l4 = listen_on(AF_INET, config.master_port, error);
-  if (impl_->l4 < 0)
-    throw LaunchError("node 0 cannot listen on port " + std::to_string(config.master_port) + " again: " + error);
-  std::string ignored;
-  impl_->l6 = listen_on(AF_INET6, config.master_port, ignored);
-}
-
-RejoinDesk::~RejoinDesk() = default;  // the listeners close, and whoever was on the way
-
-void RejoinDesk::add_poll_fds(std::vector<pollfd>& fds) const {
-  for (int fd : {impl_->l4, impl_->l6})
-    if (fd >= 0) fds.push_back({fd, POLLIN, 0});
-  for (const auto& p : impl_->pending) fds.push_back({p.conn.fd(), POLLIN, 0});
-}
-
-std::vector<LinkPeer> RejoinDesk::take(const std::vector<int>& wanted) {
-  Impl& d = *impl_;
-  accept_all(d.l4, d.pending);
-  accept_all(d.l6, d.pending);
-  std::vector<LinkPeer> back;
-  for (std::size_t i = 0; i < d.pending.size();) {
-    Pending& p = d.pending[i];
-    const Arrival got = advance(d.cfg, p, d.strangers);
-    if (got == Arrival::waiting) {
-      ++i;
-      continue;
-    }
-    std::string problem;
-    if (got == Arrival::token_on_node_only) problem = token_on_node_only(*p.hello);
-    else if (got == Arrival::admitted) {
-      problem = check_nodes(d.self, {*p.hello});
-      if (problem.empty() && d.self.nnodes_min > 0) {
-        // An elastic job: a node that comes takes the place of one that was lost, whatever rank
-        // it was started with (node 0 numbers the nodes of each attempt).
-        std::vector<int> open;
-        for (int n : wanted)
-          if (std::none_of(back.begin(), back.end(), [n](const LinkPeer& b) { return b.node.node_rank == n; }))
-            open.push_back(n);
-        if (open.empty())
-          problem = "the job has all the nodes it can take now (--nnodes " + std::to_string(d.self.nnodes_min) + ":" +
-                    std::to_string(d.self.nnodes) + ")";
-        else p.hello->node_rank = open.front();
-      } else if (problem.empty() && std::find(wanted.begin(), wanted.end(), p.hello->node_rank) == wanted.end())
-        problem = "node " + std::to_string(p.hello->node_rank) + " of this job is still in it; only a node that was "
-                  "lost may join again, with its own --node-rank";
-    }
-    if (got != Arrival::dropped) {
-      if (problem.empty()) {
-        p.conn.limit_frames(kMaxLinkFrame);  // one of the job's nodes from here
-        back.push_back({*p.hello, std::move(p.conn)});
-      }
-      else {
-        say(d.cfg, "refused " + describe_node(*p.hello) + ": " + problem);
-        refuse_one(p, problem);
-      }
-    }
-    d.pending.erase(d.pending.begin() + static_cast<std::ptrdiff_t>(i));
-  }
-  d.strangers.tick(d.cfg);
-  return back;
 }
 
 JoinedGroup join_group(const NodeLinkConfig& cfg, const std::function<bool()>& cancelled) {

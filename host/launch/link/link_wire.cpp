@@ -16,18 +16,18 @@
 namespace airhost::detail {
 namespace {
 
-int to_int(const std::string& s, int fallback) {
+// Reads per receive(): a peer that floods gets the next turn.
+constexpr std::size_t kReadPerTurn = 256 * 1024;
+
+}  // namespace
+
+int field_int(const std::string& s, int fallback) {
   try {
     return std::stoi(s);
   } catch (...) {
     return fallback;
   }
 }
-
-// Reads per receive(): a peer that floods gets the next turn.
-constexpr std::size_t kReadPerTurn = 256 * 1024;
-
-}  // namespace
 
 // ---- the hello ------------------------------------------------------------------------------
 
@@ -47,12 +47,12 @@ NodeHello decode_hello(std::string_view payload) {
   if (!f.count("version") || !f.count("node_rank"))
     throw FrameError("a node link hello needs at least a version and a node rank");
   NodeHello h;
-  h.version = to_int(f["version"], -1);
-  h.node_rank = to_int(f["node_rank"], -1);
-  h.nnodes = to_int(f["nnodes"], -1);
-  h.nnodes_min = to_int(f["nnodes_min"], 0);  // absent: a fixed count (an airhost before elastic jobs)
-  h.nprocs = to_int(f["nprocs"], -1);
-  h.max_restarts = to_int(f["max_restarts"], 0);
+  h.version = field_int(f["version"], -1);
+  h.node_rank = field_int(f["node_rank"], -1);
+  h.nnodes = field_int(f["nnodes"], -1);
+  h.nnodes_min = field_int(f["nnodes_min"], 0);  // absent: a fixed count (an airhost before elastic jobs)
+  h.nprocs = field_int(f["nprocs"], -1);
+  h.max_restarts = field_int(f["max_restarts"], 0);
   h.host = f["host"].empty() ? "unknown" : f["host"];
   h.nonce = f["nonce"];
   return h;

@@ -99,6 +99,10 @@ enum class LinkIo {
   closed,  // the peer's end is gone (EOF, reset, broken pipe) or the socket failed
 };
 
+// A field's integer ("42"), or `fallback` when it is not one: what a peer sends is never
+// trusted to parse.
+int field_int(const std::string& text, int fallback);
+
 // One TCP (or, in tests, Unix) stream socket to a peer, non-blocking, with an output buffer
 // and a frame decoder. Movable, not copyable: it owns its descriptor and closes it (abruptly)
 // when destroyed; close_gently() is the goodbye that keeps what was sent.
