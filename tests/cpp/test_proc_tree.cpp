@@ -5,6 +5,8 @@
 
 #include <cstdlib>
 #include <ctime>
+#include <set>
+#include <thread>
 
 #include "launch/procs/proc_tree.hpp"
 
@@ -113,4 +115,55 @@ TEST_CASE("kill_run ends a tree whose members left its session, the daemon whose
   REQUIRE(::waitpid(child, &status, 0) == child);
   CHECK((WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL));
   CHECK(ended_soon(daemon));
+}
+
+TEST_CASE("list_tree reads a run's own tree from the child lists, threads' children too, and nothing beside it") {
+  // #42: the periodic sweep read every process of the machine (256 hosts on one machine: 256 x
+  // 256 reads a second). list_tree walks /proc/<pid>/task/<tid>/children from its seeds.
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    int grandchild = 0;
+    // A grandchild forked by a second thread: its parent is that thread, listed in its own task.
+    std::thread([&] {
+      grandchild = ::fork();
+      if (grandchild == 0) {
+        ::pause();
+        _exit(0);
+      }
+    }).join();
+    (void)::write(fds[1], &grandchild, sizeof grandchild);
+    ::close(fds[1]);
+    ::pause();
+    _exit(0);
+  }
+  ::close(fds[1]);
+  int grandchild = 0;
+  REQUIRE(::read(fds[0], &grandchild, sizeof grandchild) == sizeof grandchild);
+  ::close(fds[0]);
+  const pid_t stranger = ::fork();  // not below the seed
+  if (stranger == 0) {
+    ::pause();
+    _exit(0);
+  }
+
+  std::set<int> found;
+  for (const auto& p : list_tree({child})) found.insert(p.pid);
+  CHECK(found == std::set<int>{child, grandchild});
+  // The same as the whole of /proc, matched from the same root.
+  RunMatch m;
+  m.roots = {child};
+  std::set<int> matched;
+  for (const auto& p : match_run(list_tree({child}), m)) matched.insert(p.pid);
+  std::set<int> everything;
+  for (const auto& p : match_run(list_processes(), m)) everything.insert(p.pid);
+  CHECK(matched == everything);
+
+  for (int pid : {static_cast<int>(child), grandchild, static_cast<int>(stranger)}) ::kill(pid, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ::waitpid(stranger, nullptr, 0);
+  CHECK(ended_soon(grandchild));
 }

@@ -92,11 +92,11 @@ std::vector<ProcStat> Escapees::adopted(const std::vector<ProcStat>& all, const 
 
 // The run's processes, for proc_tree.hpp; `with_env`: with the environment scan (it reads
 // every process's environ: for the teardown and the end, not for the periodic sweep).
-RunMatch Escapees::match(bool with_env) {
+RunMatch Escapees::match(bool with_env, const std::vector<ProcStat>& all) {
   RunMatch m;
   m.roots = rank_pids_();
   if (reaping_)
-    for (const auto& p : adopted(list_processes(), libuv_children())) m.roots.insert(p.pid);
+    for (const auto& p : adopted(all, libuv_children())) m.roots.insert(p.pid);
   m.known = reported_;
   if (with_env) m.env_entry = "AIRHOST_RUN_ID=" + run_id_;
   m.exclude.insert(static_cast<int>(::getpid()));
@@ -106,11 +106,21 @@ RunMatch Escapees::match(bool with_env) {
 
 void Escapees::signal(int sig) {
   const auto groups = rank_pids_();
-  for (const auto& p : match_run(list_processes(), match(true)))
+  const auto all = list_processes();
+  for (const auto& p : match_run(all, match(true, all)))
     if (!groups.count(p.pgid)) ::kill(p.pid, sig);
 }
 
-void Escapees::kill_all() { kill_run(match(true)); }
+void Escapees::kill_all() { kill_run(match(true, list_processes())); }
+
+// What the periodic look needs, and no more: this process's tree (its ranks, what they started,
+// the orphans it adopted) and the escapees it told the guard of (reparented elsewhere when it
+// does not reap), read from /proc's child lists instead of every process of the machine.
+std::vector<ProcStat> Escapees::own_tree() const {
+  std::set<int> seeds{static_cast<int>(::getpid())};
+  for (const auto& [pid, start] : reported_) seeds.insert(pid);
+  return list_tree(seeds);
+}
 
 // Never waits for a pid of libuv's (its SIGCHLD handler does) nor for any other child:
 // waitpid on each adopted pid, one by one.
@@ -119,7 +129,7 @@ void Escapees::reap_adopted() {
   siginfo_t info{};
   // Cheap first look: is any child a zombie at all?
   if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) < 0 || info.si_pid == 0) return;
-  for (const auto& p : adopted(list_processes(), libuv_children()))
+  for (const auto& p : adopted(own_tree(), libuv_children()))
     if (p.state == 'Z') ::waitpid(p.pid, nullptr, WNOHANG);
 }
 
@@ -131,7 +141,8 @@ void Escapees::sweep() {
   if (guard_->pid() <= 0) return;
   const auto groups = rank_pids_();
   std::map<int, std::uint64_t> now;
-  for (const auto& p : match_run(list_processes(), match(false)))
+  const auto all = own_tree();
+  for (const auto& p : match_run(all, match(false, all)))
     if (!groups.count(p.pgid)) now[p.pid] = p.start;
   for (const auto& [pid, start] : now)
     if (auto it = reported_.find(pid); it == reported_.end() || it->second != start) guard_->add_process(pid, start);

@@ -50,7 +50,10 @@ class Escapees {
  private:
   std::set<int> libuv_children();
   std::vector<ProcStat> adopted(const std::vector<ProcStat>& all, const std::set<int>& libuv) const;
-  RunMatch match(bool with_env);
+  // The run's processes among `all`; `with_env`: with the environment scan (it reads every
+  // process's environ: for the teardown and the end, not for the periodic sweep).
+  RunMatch match(bool with_env, const std::vector<ProcStat>& all);
+  std::vector<ProcStat> own_tree() const;
   void reap_adopted();
   void sweep();
 

@@ -62,6 +62,55 @@ std::vector<ProcStat> list_processes() {
   return all;
 }
 
+namespace {
+
+// /proc/<pid>/task/<tid>/children exists (Linux 3.5+ with CONFIG_PROC_CHILDREN, on in every
+// distribution's kernel).
+bool kernel_lists_children() {
+  static const bool listed = ::access("/proc/thread-self/children", R_OK) == 0;
+  return listed;
+}
+
+// The children of every thread of `pid`, appended to `out` (none when it is gone).
+void children_of(int pid, std::vector<int>& out) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/task", pid);
+  DIR* d = ::opendir(path);
+  if (!d) return;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+    std::string text;
+    if (!read_file(std::string(path) + "/" + e->d_name + "/children", text)) continue;
+    for (const char* p = text.c_str(); *p;) {
+      char* end = nullptr;
+      const long child = std::strtol(p, &end, 10);
+      if (end == p) break;
+      if (child > 0) out.push_back(static_cast<int>(child));
+      p = end;
+    }
+  }
+  ::closedir(d);
+}
+
+}  // namespace
+
+std::vector<ProcStat> list_tree(const std::set<int>& pids) {
+  if (!kernel_lists_children()) return list_processes();
+  std::vector<ProcStat> tree;
+  std::set<int> seen;
+  std::vector<int> queue(pids.begin(), pids.end());
+  while (!queue.empty()) {
+    const int pid = queue.back();
+    queue.pop_back();
+    if (!seen.insert(pid).second) continue;
+    ProcStat s;
+    if (!read_proc_stat(pid, s)) continue;
+    tree.push_back(s);
+    children_of(pid, queue);
+  }
+  return tree;
+}
+
 bool environ_has(int pid, const std::string& entry) {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/environ", pid);

@@ -42,6 +42,13 @@ bool read_proc_stat(int pid, ProcStat& out);
 // Every process this one can see.
 std::vector<ProcStat> list_processes();
 
+// `pids` and every process below them, read from each process's
+// /proc/<pid>/task/<tid>/children: what a run's periodic look costs is its own tree, not every
+// process of the machine (256 hosts on one machine each reading all of /proc every second is
+// 256 x 256). Falls back to list_processes() where the kernel does not list children
+// (CONFIG_PROC_CHILDREN, on in every distribution's kernel).
+std::vector<ProcStat> list_tree(const std::set<int>& pids);
+
 // True when the initial environment of `pid` (/proc/<pid>/environ) holds exactly `entry`
 // ("KEY=VALUE"). False when it does not, or cannot be read (another user's, a zombie).
 bool environ_has(int pid, const std::string& entry);
