@@ -15,10 +15,10 @@ SECONDS_EACH=${1:-}
 # of a millisecond may wait seconds for a core: it gives 300, which still catches a real hang.
 # The ASan+UBSan tree, configured as scripts/sanitize.sh builds in it too (one configure for both).
 scripts/configure-sanitized.sh asan
-cmake --build build/fuzz -j "$(nproc)" --target fuzz_frames fuzz_records fuzz_stacks_request
+cmake --build build/fuzz -j "$(nproc)" --target fuzz_frames fuzz_records fuzz_stacks_request fuzz_link_messages
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1} UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 mkdir -p build/fuzz/crashes
-for target in frames records stacks_request; do
+for target in frames records stacks_request link_messages; do
   corpus=tests/fuzz/corpus/$target
   mkdir -p "$corpus" "build/fuzz/corpus-$target"
   # New inputs go to build/fuzz/corpus-NAME (the first folder), never into the committed corpus.

@@ -21,6 +21,7 @@
 #include "base/util.hpp"
 #include "launch/link/link_auth.hpp"
 #include "launch/link/link_door.hpp"
+#include "launch/link/link_messages.hpp"
 
 namespace airhost::detail {
 namespace {
@@ -36,17 +37,6 @@ std::string host_name() {
   if (::gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return "unknown";
   return buf;
 }
-
-int int_field(const std::string& text, int fallback) {
-  try {
-    std::size_t used = 0;
-    const int v = std::stoi(text, &used);
-    return used == text.size() ? v : fallback;
-  } catch (const std::exception&) {
-    return fallback;
-  }
-}
-
 
 // The nodes that joined, for node 0's line: each named (host, address) in a small job; in a job
 // of many, the first few and how many more, so that one line stays one line at 4,096 nodes.
@@ -238,10 +228,8 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
     // A fresh socket takes a welcome at once; what it does not take waits in the buffer for
     // the link's thread. `closed`: that node left this very moment; its connection stays,
     // and the link's thread, finding it closed, reports the node lost at once.
-    (void)p.conn.send(link_frame(LinkKind::welcome, {{"host", self.host},
-                                                     {"nodes", std::to_string(group.nnodes)},
-                                                     {"node_rank", std::to_string(p.node.node_rank)},
-                                                     {"store_port", std::to_string(cfg.store_port)}}));
+    (void)p.conn.send(
+        message_frame(LinkKind::welcome, encode_welcome({0, group.nnodes, p.node.node_rank, self.host, cfg.store_port})));
   }
   group.peers = std::move(joined);
   if (elastic)
@@ -384,17 +372,19 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
           if (!cfg.join_token.empty() && !challenged)
             throw LaunchError("node 0 at " + where + " welcomed this node without checking its join token: it "
                               "holds none, or is not this job's node 0; give every node the same token");
-          auto fields = decode_fields(f->payload);
+          Place place = decode_place(f->payload);
           JoinedGroup group;
           // The group node 0 made: an elastic job's size and this node's rank in it (a fixed
           // count's are the ones given, which node 0 checked).
-          group.nnodes = int_field(fields["nodes"], cfg.nnodes);
-          group.node_rank = int_field(fields["node_rank"], cfg.node_rank);
-          if (group.nnodes < 2 || group.nnodes > cfg.nnodes || group.node_rank < 1 || group.node_rank >= group.nnodes)
-            throw NodeJoinError("node 0 at " + where + " welcomed this node as node " + fields["node_rank"] + " of " +
-                                fields["nodes"] + ", which does not fit --nnodes " + std::to_string(cfg.nnodes) +
-                                "; install the same airhost version on every node");
-          group.store_port = int_field(fields["store_port"], 0);
+          if (place.nodes < 0) place.nodes = cfg.nnodes;
+          if (place.node_rank < 0) place.node_rank = cfg.node_rank;
+          if (!place_fits(place, cfg.nnodes))
+            throw NodeJoinError("node 0 at " + where + " welcomed this node as node " + std::to_string(place.node_rank) +
+                                " of " + std::to_string(place.nodes) + ", which does not fit --nnodes " +
+                                std::to_string(cfg.nnodes) + "; install the same airhost version on every node");
+          group.nnodes = place.nodes;
+          group.node_rank = place.node_rank;
+          group.store_port = place.store_port;
           group.nodes.resize(static_cast<std::size_t>(group.nnodes));
           for (int r = 0; r < group.nnodes; ++r) group.nodes[static_cast<std::size_t>(r)].node_rank = r;
           NodeHello zero;
@@ -402,17 +392,13 @@ JoinedGroup join_as_spoke(const NodeLinkConfig& cfg, const NodeHello& self, cons
           zero.nnodes = cfg.nnodes;
           zero.nnodes_min = cfg.nnodes_min;
           zero.nprocs = cfg.nprocs;
-          zero.host = fields["host"].empty() ? cfg.master_addr : fields["host"];
+          zero.host = place.host.empty() ? cfg.master_addr : place.host;
           zero.address = address;
           group.nodes[0] = zero;
           NodeHello me = self;
           me.node_rank = group.node_rank;
           group.nodes[static_cast<std::size_t>(group.node_rank)] = me;
-          try {
-            group.attempt = fields["attempt"].empty() ? 0 : std::max(0, std::stoi(fields["attempt"]));
-          } catch (...) {
-            group.attempt = 0;
-          }
+          group.attempt = place.attempt;
           // Frames node 0 sent after its welcome stay in the connection for the link's thread.
           group.peers.push_back({zero, std::move(conn)});
           NodeLinkConfig now = cfg;  // said as the node it is now

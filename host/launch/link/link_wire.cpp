@@ -68,6 +68,10 @@ std::string link_frame(LinkKind kind, const Fields& fields) {
   return encode_frame(static_cast<std::uint16_t>(kind), encode_fields(fields));
 }
 
+std::string message_frame(LinkKind kind, const std::string& payload) {
+  return encode_frame(static_cast<std::uint16_t>(kind), payload);
+}
+
 // ---- the connection -------------------------------------------------------------------------
 
 LinkConnection::LinkConnection(int fd, std::size_t output_cap) : fd_(fd), cap_(output_cap) {

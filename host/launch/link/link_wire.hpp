@@ -83,6 +83,8 @@ std::string describe_node(const NodeHello& node);
 
 // One whole link frame: header and fields.
 std::string link_frame(LinkKind kind, const Fields& fields = {});
+// A frame of `kind` around a payload already encoded (link_messages.hpp).
+std::string message_frame(LinkKind kind, const std::string& payload);
 
 // Every connection's output cap. Link traffic is a heartbeat (16 bytes) a second, a few
 // reports of under a KiB each and, when someone asks, one answer of stacks per node, so a

@@ -95,14 +95,7 @@ bool NodeLink::Impl::is_gone(const Peer& p) const {
 }
 
 std::string NodeLink::Impl::down_frame(int of_attempt, const NodeDown& d) const {
-  return link_frame(LinkKind::down, {{"node", std::to_string(d.node)},
-                                     {"message", d.message},
-                                     {"cascade", d.cascade ? "1" : "0"},
-                                     {"timed_out", d.timed_out ? "1" : "0"},
-                                     {"hung", d.hung ? "1" : "0"},
-                                     {"lost", d.lost ? "1" : "0"},
-                                     {"grow", d.grow ? "1" : "0"},
-                                     {"attempt", std::to_string(of_attempt)}});
+  return message_frame(LinkKind::down, encode_down(of_attempt, d));
 }
 
 void NodeLink::Impl::send_to(Peer& p, const std::string& frame) {
@@ -177,13 +170,8 @@ void NodeLink::Impl::on_frame(Peer& p, const Frame& f) {
   const int from = p.node.node_rank;
   switch (static_cast<LinkKind>(f.kind)) {
     case LinkKind::down: {
-      auto fields = decode_fields(f.payload);
-      NodeDown d{field_int(fields["node"], -1), fields["message"], fields["cascade"] == "1"};
-      d.timed_out = fields["timed_out"] == "1";
-      d.hung = fields["hung"] == "1";
-      d.lost = fields["lost"] == "1";
-      d.grow = fields["grow"] == "1";
-      report(field_int(fields["attempt"], 0), d, from, &p);  // no attempt: a peer before attempts, so 0
+      const NodeDown d = decode_down(f.payload);  // no attempt: a peer before attempts, so 0
+      report(d.attempt, d, from, &p);
       break;
     }
     case LinkKind::done: {
@@ -197,21 +185,23 @@ void NodeLink::Impl::on_frame(Peer& p, const Frame& f) {
       break;
     }
     case LinkKind::stopped: {  // node 0 hears it
-      auto fields = decode_fields(f.payload);
+      const Stopped s = decode_stopped(f.payload);
       std::lock_guard lock(m);
-      group.report_stopped(field_int(fields["attempt"], 0), from, fields["restart"] == "1", fields["leave"] == "1");
+      group.report_stopped(s.attempt, from, s.restart, s.leave);
       break;
     }
     case LinkKind::restart: {  // a spoke hears node 0's decision: the next attempt begins now
-      auto fields = decode_fields(f.payload);
-      const int next = field_int(fields["attempt"], 0);
+      Place place = decode_place(f.payload);
+      const int next = place.attempt;
       std::lock_guard lock(m);
       if (next == attempt + 1) {
         group.decide(attempt, true);
         attempt = next;
         // An elastic job that went on without lost nodes: this node's place in the new group.
-        const int k = field_int(fields["nodes"], group_size), r = field_int(fields["node_rank"], me);
-        if ((k != group_size || r != me) && k >= 2 && k <= cfg.nnodes && r >= 1 && r < k) {  // no larger than MAX
+        if (place.nodes < 0) place.nodes = group_size;
+        if (place.node_rank < 0) place.node_rank = me;
+        const int k = place.nodes, r = place.node_rank;
+        if ((k != group_size || r != me) && place_fits(place, cfg.nnodes)) {  // no larger than MAX
           NodeHello self = nodes[static_cast<std::size_t>(me)], zero = nodes[0];
           self.node_rank = r;
           nodes.assign(static_cast<std::size_t>(k), NodeHello{});
@@ -431,9 +421,7 @@ bool NodeLink::after_attempt(bool want_restart, milliseconds limit, const std::f
     }
     if (s.hub()) s.poke();  // its loop decides once every node has stopped
     else
-      s.queue(link_frame(LinkKind::stopped, {{"attempt", std::to_string(of)},
-                                             {"restart", restart ? "1" : "0"},
-                                             {"leave", leave && !restart ? "1" : "0"}}));
+      s.queue(message_frame(LinkKind::stopped, encode_stopped({of, restart, leave && !restart})));
   };
   {
     std::lock_guard lock(s.m);

@@ -57,10 +57,8 @@ void NodeLink::Impl::decide_if_all_stopped() {
   if (restart) welcome_newcomers(of);
   // An elastic job's restart says the group's size and each node's rank (nodes came or went).
   auto restart_frame = [&](int node) {
-    if (cfg.nnodes_min == 0) return link_frame(LinkKind::restart, {{"attempt", std::to_string(of + 1)}});
-    return link_frame(LinkKind::restart, {{"attempt", std::to_string(of + 1)},
-                                          {"nodes", std::to_string(group_size)},
-                                          {"node_rank", std::to_string(node)}});
+    if (cfg.nnodes_min == 0) return message_frame(LinkKind::restart, encode_restart(of + 1));
+    return message_frame(LinkKind::restart, encode_restart(of + 1, group_size, node));
   };
   const std::string final_frame = link_frame(LinkKind::final, {{"attempt", std::to_string(of)}});
   for (auto& p : peers) {
@@ -71,16 +69,10 @@ void NodeLink::Impl::decide_if_all_stopped() {
   }
   came_back.clear();
   if (restart) send_shared_file();
-
 }
 
 std::string NodeLink::Impl::welcome(int node, int of_attempt) const {
-  return link_frame(LinkKind::welcome, {{"host", nodes[0].host},
-                                        {"nodes", std::to_string(group_size)},
-                                        {"node_rank", std::to_string(node)},
-                                        {"attempt", std::to_string(of_attempt)},
-                                        {"store_port", std::to_string(store_port)}});
-
+  return message_frame(LinkKind::welcome, encode_welcome({of_attempt, group_size, node, nodes[0].host, store_port}));
 }
 
 int NodeLink::Impl::held_newcomers() {
@@ -104,7 +96,6 @@ int NodeLink::Impl::held_newcomers() {
     std::erase_if(newcomers, [](const LinkPeer& n) { return !n.conn.is_open(); });
   }
   return static_cast<int>(newcomers.size());
-
 }
 
 int NodeLink::Impl::number_newcomers(int base, std::vector<NodeHello>& into) {
@@ -116,7 +107,6 @@ int NodeLink::Impl::number_newcomers(int base, std::vector<NodeHello>& into) {
     into.push_back(n.node);
   }
   return k;
-
 }
 
 void NodeLink::Impl::welcome_newcomers(int of) {
@@ -133,7 +123,6 @@ void NodeLink::Impl::welcome_newcomers(int of) {
   if (!listed.empty())
     say(listed + " joined the group: restart " + std::to_string(of + 1) + " with " + std::to_string(group_size) +
         " nodes");
-
 }
 
 void NodeLink::Impl::grow_check() {
@@ -158,7 +147,6 @@ void NodeLink::Impl::grow_check() {
                 ":" + std::to_string(cfg.nnodes) + ")", false};
   d.grow = true;
   report(attempt, d, me, nullptr);
-
 }
 
 void NodeLink::Impl::go_on_without(int of, const std::vector<int>& lost_nodes) {
@@ -207,11 +195,8 @@ void NodeLink::Impl::go_on_without(int of, const std::vector<int>& lost_nodes) {
       "): restart " + std::to_string(of + 1) + ", not counted against --max-restarts");
   for (auto& p : peers)
     if (!p.dropped)
-      send_to(p, link_frame(LinkKind::restart, {{"attempt", std::to_string(of + 1)},
-                                                {"nodes", std::to_string(group_size)},
-                                                {"node_rank", std::to_string(p.node.node_rank)}}));
+      send_to(p, message_frame(LinkKind::restart, encode_restart(of + 1, group_size, p.node.node_rank)));
   send_shared_file();
-
 }
 
 bool NodeLink::Impl::rejoin_wait(int of, const std::vector<int>& lost_nodes) {
@@ -267,7 +252,6 @@ bool NodeLink::Impl::rejoin_wait(int of, const std::vector<int>& lost_nodes) {
   say("node" + std::string(lost_nodes.size() > 1 ? "s " : " ") + names + " did not come back within " +
       duration_text(cfg.join_timeout) + " (join_timeout); the job ends");
   return false;
-
 }
 
 }  // namespace airhost::detail

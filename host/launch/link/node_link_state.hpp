@@ -25,6 +25,7 @@
 #include "base/util.hpp"
 #include "launch/link/link_group.hpp"
 #include "launch/link/link_join.hpp"
+#include "launch/link/link_messages.hpp"
 #include "launch/link/link_wire.hpp"
 #include "launch/link/node_link.hpp"
 #include "launch/run/run_dir.hpp"
