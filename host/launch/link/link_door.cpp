@@ -86,24 +86,19 @@ namespace {
 // kMaxPending in all, the oldest one still silent is closed (left in `pending`, closed, for the
 // caller's turn to drop: its indexes stay as they were). False when there is no room (every
 // connection held has said hello and awaits its proof).
-bool make_room(std::vector<Pending>& pending, const std::string& address, int nodes) {
-  const std::size_t job = nodes > 0 ? static_cast<std::size_t>(nodes) : 0;
+bool make_room(std::vector<Pending>& pending, const std::string& address) {
   std::size_t open = 0, from_address = 0;
   for (const auto& p : pending)
     if (p.conn.is_open()) {
       ++open;
       from_address += p.address == address;
     }
-  const bool per_address = from_address >= std::max(kMaxPendingPerAddress, job);
-  if (!per_address && open < kMaxPending + job) return true;
+  const bool per_address = from_address >= kMaxPendingPerAddress;
+  if (!per_address && open < kMaxPending) return true;
   Pending* oldest = nullptr;
-  for (auto& p : pending) {
-    if (!p.conn.is_open() || p.hello || (per_address && p.address != address)) continue;
-    // What it sent since it was accepted is read now (into its decoder, for advance()): a node
-    // whose hello came in the same turn is not silent.
-    if (p.conn.bytes_received() == 0) (void)p.conn.receive();
-    if (p.conn.bytes_received() == 0 && (!oldest || p.since < oldest->since)) oldest = &p;
-  }
+  for (auto& p : pending)
+    if (p.conn.is_open() && !p.hello && (!per_address || p.address == address) && (!oldest || p.since < oldest->since))
+      oldest = &p;
   if (!oldest) return false;
   oldest->conn.close();
   return true;
@@ -126,7 +121,7 @@ void shed_one(int l) {
 // Accepts what waits on the listener `l` (kAcceptPerTurn at most). The accepted descriptors
 // are owned by their LinkConnection from here (closed with it: refused, dropped, made room
 // for, or at the end of the run); until the connection joins, its frames are kept small.
-void accept_all(int l, std::vector<Pending>& pending, int nodes) {
+void accept_all(int l, std::vector<Pending>& pending) {
   if (l < 0) return;
   for (int n = 0; n < kAcceptPerTurn; ++n) {
     sockaddr_storage sa{};
@@ -139,7 +134,7 @@ void accept_all(int l, std::vector<Pending>& pending, int nodes) {
     try {
       LinkConnection conn(fd);
       const std::string address = peer_address(sa);
-      if (!make_room(pending, address, nodes)) continue;  // conn closes the newcomer
+      if (!make_room(pending, address)) continue;  // conn closes the newcomer
       conn.limit_frames(kMaxJoinFrame);
       pending.push_back({std::move(conn), address, Clock::now(), std::nullopt, {}, {}});
     } catch (const std::system_error&) {
@@ -236,8 +231,8 @@ void refuse_late_joiners(int l4, int l6, std::vector<Pending>& pending, const st
     std::vector<pollfd> fds = {{l4, POLLIN, 0}, {l6, POLLIN, 0}};
     for (auto& p : pending) fds.push_back({p.conn.fd(), POLLIN, 0});
     ::poll(fds.data(), fds.size(), 100);
-    accept_all(l4, pending, missing);
-    accept_all(l6, pending, missing);
+    accept_all(l4, pending);
+    accept_all(l6, pending);
     for (std::size_t i = 0; i < pending.size();) {
       Pending& p = pending[i];
       const LinkIo got = p.conn.receive();
@@ -335,8 +330,8 @@ void RejoinDesk::add_poll_fds(std::vector<pollfd>& fds) const {
 
 std::vector<LinkPeer> RejoinDesk::take(const std::vector<int>& wanted) {
   Impl& d = *impl_;
-  accept_all(d.l4, d.pending, d.cfg.nnodes);
-  accept_all(d.l6, d.pending, d.cfg.nnodes);
+  accept_all(d.l4, d.pending);
+  accept_all(d.l6, d.pending);
   std::vector<LinkPeer> back;
   for (std::size_t i = 0; i < d.pending.size();) {
     Pending& p = d.pending[i];

@@ -22,11 +22,10 @@ namespace airhost::detail {
 // is dropped (a port scanner, a stray client of a previous run's store, an idle flood). A real
 // node sends its hello as soon as it is connected.
 constexpr auto kHelloWait = std::chrono::seconds(5);
-// Connections that have not joined, node 0 holds at most this many more than the job's nodes,
-// and this many from one address (or the job's nodes, if more): past either, the oldest that
-// has sent nothing at all makes room for the newest (a real node says hello at once, and one
-// dropped unheard connects again: kAnswerWait). Nothing a stranger does before it is
-// authenticated can use up node 0's descriptors or memory, and no real node is locked out.
+// Connections that have not joined, node 0 holds at most this many, and this many from one
+// address: past either, the oldest that has not even said hello makes room for the newest (a
+// real node says hello at once, and one dropped unheard connects again: kAnswerWait). Nothing
+// a stranger does before it is authenticated can use up node 0's descriptors or memory.
 constexpr std::size_t kMaxPending = 64;
 constexpr std::size_t kMaxPendingPerAddress = 16;
 // Connections taken from the backlog per turn: the rest wait in the kernel's queue.
@@ -77,11 +76,9 @@ void refuse_one(Pending& p, const std::string& message);
 // in all to leave.
 void say_goodbye(std::vector<LinkConnection*> conns, const std::string& frame);
 // Accepts what waits on the listener `l` (kAcceptPerTurn at most), within kMaxPending and
-// kMaxPendingPerAddress, each raised by the `nodes` the job may have (all of them may come at
-// once, from one address behind a NAT): the oldest connection that has sent nothing at all
-// makes room (closed, left in `pending` for prune_pending). EMFILE sheds the connection instead
-// of leaving it in the backlog.
-void accept_all(int l, std::vector<Pending>& pending, int nodes);
+// kMaxPendingPerAddress: the oldest silent connection makes room (closed, left in `pending`
+// for prune_pending). EMFILE sheds the connection instead of leaving it in the backlog.
+void accept_all(int l, std::vector<Pending>& pending);
 // Drops the connections made room for, before a turn indexes them.
 void prune_pending(std::vector<Pending>& pending);
 std::string token_on_node_only(const NodeHello& h);
