@@ -33,6 +33,7 @@ QUICK_WORKERS=$(( $(nproc) * 3 / 2 > 1 ? $(nproc) * 3 / 2 : 2 ))
 # --- the phase table ----------------------------------------------------------------------------
 TABLE=$LOGS/phases.txt
 : >"$TABLE"
+: >"$LOGS/background-steps.txt"  # this run's alone (--quick has none)
 T_START=$(date +%s)
 now() { date +%s; }
 # CPU seconds (user and system) of this shell's finished children so far, into CPU: on 2 cores
@@ -50,16 +51,18 @@ row() {
   printf '%-34s %5d s %6d CPU-s%s%s\n' "$1" "$(( $(now) - $2 ))" "$(( CPU - $3 ))" "${5:+ $5}" \
     "$([ "$4" = 0 ] || echo "  FAILED (exit $4)")"
 }
-# phase NAME CMD...: runs CMD in the foreground and notes how long it took.
-phase() {
-  local name=$1 t0 c0 rc=0
-  shift
+# phase_into TABLE NAME CMD...: runs CMD and notes in TABLE how long it took, and its CPU.
+phase_into() {
+  local table=$1 name=$2 t0 c0 rc=0
+  shift 2
   t0=$(now); cpu_now; c0=$CPU
-  echo "test.sh: $name" >&2
+  echo "test.sh: ${name#  }" >&2
   "$@" || rc=$?
-  row "$name" "$t0" "$c0" $rc >>"$TABLE"
+  row "$name" "$t0" "$c0" $rc >>"$table"
   return $rc
 }
+# phase NAME CMD...: a part run in the foreground, in the main table.
+phase() { phase_into "$TABLE" "$@"; }
 # background NAME CMD...: runs CMD behind the foreground at the lowest CPU and I/O priority,
 # its output in build/test-logs/NAME.log; settle NAME waits for it and fails as it did.
 declare -A BG_PID
@@ -153,17 +156,9 @@ phase "build: doctest suite, helpers" build_dev
 #    compiler in reach, and run (its own pytest session, its own temporary directory).
 WHEELS_READY=$LOGS/wheels-ready
 rm -f "$WHEELS_READY"
-bg_step() {
-  local name=$1 t0 c0 rc=0
-  shift
-  t0=$(now); cpu_now; c0=$CPU
-  echo "test.sh: $name" >&2
-  "$@" || rc=$?
-  row "  $name" "$t0" "$c0" $rc >>"$LOGS/background-steps.txt"
-  return $rc
-}
+# bg_step NAME CMD...: one step of the background, under it in the table.
+bg_step() { local name=$1; shift; phase_into "$LOGS/background-steps.txt" "  $name" "$@"; }
 bg_builds() {
-  : >"$LOGS/background-steps.txt"
   if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then
     local rc=0
     bg_step "wheels and sdist built" scripts/build-wheels.sh || rc=$?

@@ -245,10 +245,7 @@ def test_a_node_that_comes_while_the_job_runs_is_taken_in_by_a_restart_of_the_gr
     d.mkdir()
     port = free_port()
 
-    def host(*ranked):
-        return airhost.start(script("grow_until.py"), "-n", "1", "--nnodes", "2:3", *ranked, "--master-addr",
-                             "127.0.0.1", "--master-port", str(port), "--join-settle", "1s", "--scale-up-interval",
-                             "1s", "--join-timeout", "60", "--node-timeout", "5", "--grace", "2", "--", d, "3")
+    host = held_node_job(airhost, d, port, "1s", until_attempt=None)
     first = [host("--node-rank", "0"), host()]
     wait_for(lambda: len(list(d.glob("ready-0-*"))) == 2, 60, "both ranks of the first group running")
     third = host()
@@ -333,8 +330,8 @@ def test_a_node_whose_ranks_fail_past_max_restarts_leaves_and_the_others_go_on(a
 
 
 def held_node_job(airhost, d, port, interval, until_attempt, join_timeout="60"):
-    """Hosts of a 2:3 job of grow_until.py (one rank each) whose node 0 holds a node that comes
-    until --scale-up-interval has passed since the group started."""
+    """Hosts of a 2:3 job of grow_until.py (one rank each, WANT 3) whose node 0 holds a node that
+    comes until --scale-up-interval has passed since the group started."""
     def host(*ranked):
         return airhost.start(script("grow_until.py"), "-n", "1", "--nnodes", "2:3", *ranked, "--master-addr",
                              "127.0.0.1", "--master-port", str(port), "--join-settle", "1s", "--scale-up-interval",
@@ -417,10 +414,7 @@ def test_a_flood_of_idle_connections_to_node_0_neither_spins_it_nor_uses_up_its_
     d.mkdir()
     port = free_port()
 
-    def host(*ranked):
-        return airhost.start(script("grow_until.py"), "-n", "1", "--nnodes", "2:3", *ranked, "--master-addr",
-                             "127.0.0.1", "--master-port", str(port), "--join-settle", "1s", "--scale-up-interval",
-                             "1s", "--join-timeout", "60", "--node-timeout", "5", "--grace", "2", "--", d, "3")
+    host = held_node_job(airhost, d, port, "1s", until_attempt=None)
 
     first = [host("--node-rank", "0"), host()]
     node0 = first[0].pid
