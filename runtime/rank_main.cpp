@@ -28,6 +28,7 @@
 #include <set>
 #include <string>
 
+#include "base/built_for.hpp"
 #include "launch/procs/proc_tree.hpp"
 #include "libpython.hpp"
 #include "rank_entry.hpp"
@@ -135,7 +136,7 @@ int main(int argc, char** argv) {
   // (bootstrap.py), must not kill it: ignored until then (the bootstrap replaces SIG_IGN).
   for (int sig : {SIGUSR1, SIGUSR2}) ::signal(sig, SIG_IGN);
   const std::string dir = self_dir();
-  const auto search = airhost::rank::libpython_search(python_of(argc, argv, dir), AIRHOST_PYTHON_VERSION);
+  const auto search = airhost::rank::libpython_search(python_of(argc, argv, dir), airhost::detail::built_python_version());
   if (const std::string why = airhost::rank::load_libpython(search); !why.empty()) return cannot_start(why);
   std::string tried, error;
   for (const auto& path : airhost::rank::rank_library_candidates(dir)) {

@@ -14,6 +14,11 @@
 # airhost-rank loads the one of the environment it is installed into. `auditwheel show`
 # then checks every wheel against the manylinux_2_28 policy.
 #
+# Each wheel compiles from the same unpacked sdist (build/wheel/src) through ccache, where it
+# is installed (scripts/setup.sh installs it for the tests): all of airhost but the Python
+# extension, libairhost-rank-py and one small source (host/base/built_for.cpp) is the same for
+# every Python, so the first wheel compiles it and the other three take it from the cache.
+#
 # Needs: Debian/Ubuntu's apt-get the first time (the sources of libuv and toml++), PyPI (the
 # build tools), and the CPythons: pyenv's, or python3.X on PATH. Prints each wheel's size.
 set -euo pipefail
@@ -66,15 +71,27 @@ find_python() {  # find_python 3.11 → a CPython 3.11 with a shared libpython a
 }
 
 # --- one wheel per Python, from the sdist, as pip would build it on a user's machine -----------
+src=$ROOT/build/wheel/src
+rm -rf "$src" && mkdir -p "$src"
+tar -xzf "$sdist" -C "$src" --strip-components=1
+cmake_args="-DCMAKE_AR=$TOOLS/zig/ar -DCMAKE_RANLIB=$TOOLS/zig/ranlib"
+if command -v ccache >/dev/null; then
+  # Paths under the repository are hashed relative to the build tree (each wheel's is
+  # build/wheel/cpXY, as deep as the next), and the compiler by its wrapper's content.
+  export CCACHE_DIR=$ROOT/build/wheel/ccache CCACHE_BASEDIR=$ROOT CCACHE_NOHASHDIR=1 CCACHE_COMPILERCHECK=content
+  ccache --zero-stats >/dev/null
+  cmake_args+=" -DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache"
+else
+  say "no ccache: each wheel compiles all of airhost (apt-get install ccache)"
+fi
 for v in $PYTHONS; do
   py=$(find_python "$v") || { echo "build-wheels: no CPython $v found (pyenv install $v, or put python$v on PATH)" >&2; exit 1; }
   say "building the wheel for Python $v ($py) with Zig's clang for glibc $GLIBC"
   start=$(date +%s)
   # The build tree is kept per Python under build/wheel/, so a rebuild compiles what changed.
-  CC="$TOOLS/zig/cc" CXX="$TOOLS/zig/c++" \
-  CMAKE_ARGS="-DCMAKE_AR=$TOOLS/zig/ar -DCMAKE_RANLIB=$TOOLS/zig/ranlib" \
+  CC="$TOOLS/zig/cc" CXX="$TOOLS/zig/c++" CMAKE_ARGS="$cmake_args" \
     "$py" -m pip wheel -q --disable-pip-version-check --no-deps -w "$work/$v" \
-      --config-settings=build-dir="$ROOT/build/wheel/cp${v/./}" "$sdist" >"$work/$v.log" 2>&1 \
+      --config-settings=build-dir="$ROOT/build/wheel/cp${v/./}" "$src" >"$work/$v.log" 2>&1 \
     || { tail -n 60 "$work/$v.log" >&2; echo "build-wheels: the wheel for Python $v failed to build" >&2; exit 1; }
   raw=$(ls "$work/$v"/airhost-*.whl)
   # repair: checks the policy and retags linux_x86_64 → manylinux_2_28 (it grafts nothing: no
@@ -87,3 +104,4 @@ for v in $PYTHONS; do
   say "$(basename "$wheel"): $(du -k "$wheel" | cut -f1) KiB, built in $(( $(date +%s) - start )) s; auditwheel: $PLAT"
 done
 say "sdist $(basename "$sdist"): $(du -k "$sdist" | cut -f1) KiB"
+if command -v ccache >/dev/null; then say "ccache: $(ccache --print-stats | awk -F'\t' '$1 == "direct_cache_hit" || $1 == "preprocessed_cache_hit" { hit += $2 } $1 == "cache_miss" { miss = $2 } END { printf "%d objects compiled, %d taken from the cache", miss, hit }')"; fi

@@ -10,8 +10,9 @@ build_pkgs=(g++ cmake pkg-config libuv1-dev libtomlplusplus-dev doctest-dev pybi
 # The tests start a real Slurm (tests/py/test_slurm.py): its daemons and munge; iproute2
 # for the network namespaces of its two nodes and of the multi-node tests (test_netns.py);
 # patch and binutils (readelf) for the offline GPU bundle rehearsal (test_gpu_offline.py).
-# clang-16 with its runtime: libFuzzer and the sanitizers of scripts/fuzz.sh.
-if [ "${AIRHOST_SETUP_TEST_DEPS:-0}" = 1 ]; then build_pkgs+=(slurm-wlm munge iproute2 patch binutils clang-16 libclang-rt-16-dev); fi
+# clang-16 with its runtime: libFuzzer and the sanitizers of scripts/fuzz.sh. ccache: the four
+# wheels of scripts/build-wheels.sh share all that does not depend on the Python.
+if [ "${AIRHOST_SETUP_TEST_DEPS:-0}" = 1 ]; then build_pkgs+=(slurm-wlm munge iproute2 patch binutils clang-16 libclang-rt-16-dev ccache); fi
 for pkg in "${build_pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done
@@ -32,6 +33,8 @@ fi
 # libuv's and toml++'s sources (Debian's, their patches applied, and toml++'s fix of upstream
 # issue 295) into third_party/: the build below and every later one use them, the sdist too.
 [ -f third_party/tomlplusplus/include/toml++/toml.h ] && [ -f third_party/libuv/CMakeLists.txt ] || scripts/vendor-deps.sh
+# AIRHOST_SETUP_ONLY=packages: this far (scripts/test.sh starts the wheels' build behind the rest).
+[ "${AIRHOST_SETUP_ONLY:-}" = packages ] && exit 0
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)

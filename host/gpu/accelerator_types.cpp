@@ -11,6 +11,7 @@
 #include <toml++/toml.h>
 
 #include "base/errors.hpp"
+#include "base/built_for.hpp"
 #include "base/util.hpp"
 
 namespace airhost::detail {
@@ -154,10 +155,8 @@ std::string find_accelerators_toml() {
   if (!exe.empty()) {
     const std::string prefix = dirname_of(dirname_of(exe));
     candidates.push_back(prefix + "/share/airhost/accelerators.toml");
-#ifdef AIRHOST_PYTHON_VERSION
     // pip install: the binary in <env>/bin, the table in the package's configs/.
-    candidates.push_back(prefix + "/lib/python" AIRHOST_PYTHON_VERSION "/site-packages/airhost/configs/accelerators.toml");
-#endif
+    candidates.push_back(prefix + "/lib/python" + built_python_version() + "/site-packages/airhost/configs/accelerators.toml");
   }
 #ifdef AIRHOST_SOURCE_CONFIGS
   // The source tree a build tree's binary was compiled from (never in a wheel).

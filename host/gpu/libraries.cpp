@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/built_for.hpp"
 #include "base/util.hpp"
 
 namespace airhost::detail {
@@ -143,14 +144,12 @@ std::vector<std::string> site_packages_dirs() {
   prefixes.push_back(dirname_of(dirname_of(AIRHOST_DEFAULT_PYTHON)));
 #endif
   std::vector<std::string> dirs;
-#ifdef AIRHOST_PYTHON_VERSION
   for (const auto& prefix : prefixes) {
     for (const char* kind : {"site-packages", "dist-packages"}) {
-      std::string dir = prefix + "/lib/python" AIRHOST_PYTHON_VERSION "/" + kind;
+      std::string dir = prefix + "/lib/python" + built_python_version() + "/" + kind;
       if (exists(dir) && std::find(dirs.begin(), dirs.end(), dir) == dirs.end()) dirs.push_back(dir);
     }
   }
-#endif
   // An environment layered over another (a venv whose .pth names the site-packages of the
   // Python that holds torch, as scripts/gpu-check.sh makes on a node without a registry)
   // finds NVIDIA's wheels there too, as the ranks' interpreter does.

@@ -16,6 +16,7 @@
 #include "launch/rank/rank_env.hpp"
 #include "launch/rank/warm_starter.hpp"
 #include "launch/run/run_dir.hpp"
+#include "base/built_for.hpp"
 #include "base/util.hpp"
 
 namespace airhost::detail {
@@ -164,9 +165,10 @@ void validate(const LaunchSpec& spec, const std::string& rank_binary) {
          "binary (or a venv's bin/python)");
   if (!spec.python.empty() && spec.python != default_python()) {
     const std::string v = python_version_of(spec.python);
-    if (v != AIRHOST_PYTHON_VERSION)
+    const std::string built = built_python_version();
+    if (v != built)
       fail("python interpreter '" + spec.python + "' is Python " + (v.empty() ? "of an unknown version" : v) +
-           ", but this airhost was built for Python " AIRHOST_PYTHON_VERSION "; use a " AIRHOST_PYTHON_VERSION
+           ", but this airhost was built for Python " + built + "; use a " + built +
            " interpreter or venv, or install airhost with that Python");
   }
 }

@@ -28,6 +28,7 @@
 #include "launch/supervisor.hpp"
 #include "launch/rank/warm_starter.hpp"
 #include "base/unique_fd.hpp"
+#include "base/built_for.hpp"
 #include "base/util.hpp"
 
 namespace airhost {
@@ -121,14 +122,15 @@ std::unique_ptr<detail::RankStarter> warm_starter(const LaunchSpec& spec, const 
 // PATH of the version it was built for, as that is the one pip installed it with.
 std::string default_python() {
   const std::string dir = detail::dirname_of(detail::executable_path());
-  for (const char* name : {"/python3", "/python" AIRHOST_PYTHON_VERSION})
+  const std::string versioned = std::string("/python") + detail::built_python_version();
+  for (const std::string& name : {std::string("/python3"), versioned})
     if (is_executable(dir + name)) return dir + name;
 #ifdef AIRHOST_DEFAULT_PYTHON
   if (is_executable(AIRHOST_DEFAULT_PYTHON)) return AIRHOST_DEFAULT_PYTHON;
 #endif
   const std::string path = detail::getenv_or("PATH", "");
   for (const auto& d : detail::split(path, ':')) {
-    const std::string candidate = (d.empty() ? std::string(".") : d) + "/python" AIRHOST_PYTHON_VERSION;
+    const std::string candidate = (d.empty() ? std::string(".") : d) + versioned;
     if (is_executable(candidate)) return candidate;
   }
   return "";
