@@ -6,6 +6,7 @@
 #  2. ThreadSanitizer, in build/tsan: the doctest suite (the host's threads: the node link, the
 #     console writer, the GPU usage reader, launches on several threads at once), its ranks
 #     started from build/fuzz.
+# The two doctest suites, which mostly wait, run beside the end-to-end slice.
 # Every sanitizer writes its reports to build/sanitize-logs/ (log_path), never to a process's
 # stderr: a report in a process whose exit status a test expects anyway (a host that must exit 1,
 # a rank that must crash) fails the run all the same, and the ranks' logs stay what they printed.
@@ -60,18 +61,24 @@ fi
 [ "$mode" = build ] && exit 0
 
 # --- 1. ASan + UBSan ---------------------------------------------------------------------------
-build/fuzz/airhost_tests --no-version=true --minimal=true
-no_reports "ASan+UBSan: doctest suite"
-step "ASan+UBSan: doctest suite passed"
+# The two doctest suites mostly wait (timeouts, processes, sockets): they run beside the
+# end-to-end slice, each printing into build/sanitize-out/ (not the reports' folder, where any
+# file is a failure); the reports are read once all three are done.
+OUT=$ROOT/build/sanitize-out
+rm -rf "$OUT" && mkdir -p "$OUT"
+declare -A PIDS
+build/fuzz/airhost_tests --no-version=true --minimal=true >"$OUT/asan-doctest.log" 2>&1 &
+PIDS["ASan+UBSan: doctest suite"]=$!
+if [ "$tsan" = 1 ]; then
+  # test_fault_guard.cpp is left out: read_guarded runs its read in a task cloned with CLONE_VM
+  # and no thread of its own, which TSan's clone interceptor takes for a forked child (its
+  # runtime fails a CHECK in the task). The host never calls it; ranks do, and they are ASan's.
+  AIRHOST_TEST_RANK_BINARY=$ROOT/build/fuzz/airhost-rank \
+    build/tsan/airhost_tests --no-version=true --minimal=true --source-file-exclude='*test_fault_guard.cpp' \
+    >"$OUT/tsan-doctest.log" 2>&1 &
+  PIDS["TSan: doctest suite"]=$!
+fi
 
-# The slice of the end-to-end suite: a launch that succeeds (the CLI's own file, whole), ranks
-# that fail every way (test_failures.py, whole: exit codes, signals, a segfault, SIGKILL), the
-# stacks (airhost stacks, Ctrl-\, sampling, bad requests, two nodes), two nodes over the node
-# link on 127.0.0.1 (join, disagreement, a failure, a lost node, an impostor), warm starts, and
-# the host outliving hostile clients: about 2 minutes on 2 cores. Whole files where they are
-# cheap; for the rest, node ids, so that a renamed test stops this run instead of dropping out of
-# it. Left out: tests whose deadlines assume ranks that start at full speed (a 6 s --timeout
-# that must find both ranks ready), and those of the Python API (tests/sanitizers/README.md).
 SLICE=(
   tests/py/test_cli_e2e.py
   tests/py/test_failures.py
@@ -98,18 +105,16 @@ SLICE=(
   tests/py/test_warm.py::test_ctrl_c_stops_warm_ranks_and_leaves_no_process
   tests/py/test_warm.py::test_a_killed_warm_server_fails_its_ranks_clearly
 )
+failed=0
 AIRHOST_TEST_AIRHOST=$ROOT/build/fuzz/airhost AIRHOST_TEST_BUILD_DIR=$ROOT/build/fuzz \
-  "$PY" -m pytest -q -p no:cacheprovider "${SLICE[@]}"
-no_reports "ASan+UBSan: end-to-end slice"
-step "ASan+UBSan: end-to-end slice passed"
-
-# --- 2. ThreadSanitizer ------------------------------------------------------------------------
-if [ "$tsan" = 1 ]; then
-  # test_fault_guard.cpp is left out: read_guarded runs its read in a task cloned with CLONE_VM
-  # and no thread of its own, which TSan's clone interceptor takes for a forked child (its
-  # runtime fails a CHECK in the task). The host never calls it; ranks do, and they are ASan's.
-  AIRHOST_TEST_RANK_BINARY=$ROOT/build/fuzz/airhost-rank \
-    build/tsan/airhost_tests --no-version=true --minimal=true --source-file-exclude='*test_fault_guard.cpp'
-  no_reports "TSan: doctest suite"
-  step "TSan: doctest suite passed"
-fi
+  "$PY" -m pytest -q -p no:cacheprovider "${SLICE[@]}" || failed=1
+step "ASan+UBSan: end-to-end slice done"
+for name in "${!PIDS[@]}"; do
+  rc=0
+  wait "${PIDS[$name]}" || rc=$?
+  log=$OUT/$( [[ $name == TSan* ]] && echo tsan || echo asan )-doctest.log
+  if [ $rc != 0 ]; then tail -n 60 "$log" >&2; echo "sanitize.sh: $name failed (exit $rc; $log)" >&2; failed=1
+  else step "$name passed"; fi
+done
+no_reports "the doctest suites under ASan+UBSan and TSan, the end-to-end slice under ASan+UBSan"
+[ $failed = 0 ] || { echo "sanitize.sh: a suite failed (above)" >&2; exit 1; }
