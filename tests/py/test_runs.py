@@ -118,7 +118,7 @@ def test_runs_lists_launches_newest_first_with_their_states(runs):
     assert listed[0]["entry"].endswith("fail.py") and listed[0]["args"] == ["--how", "exit", "--code", "3"]
     assert listed[1]["entry"].endswith("hello.py") and listed[1]["scheduler_job_id"] is None
 
-    table = runs("runs")
+    table = runs("runs", env={"COLUMNS": "1000"})  # whatever width the test runner's COLUMNS says
     assert table.returncode == 0
     header, first, second = table.stdout.splitlines()
     assert header.split()[:6] == ["ID", "STATE", "NODES×RANKS", "STARTED", "DURATION", "EXIT"]
