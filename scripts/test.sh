@@ -189,8 +189,6 @@ phase "NVIDIA headers and libraries" "$PY" scripts/fetch-gpu-sdk.py build/gpu-sd
 echo ok >"$SETUP_DONE"
 phase "build: doctest suite, helpers" build_dev
 
-# The doctest suite mostly waits (timeouts, sockets, processes): beside the pytest suite.
-background --beside "doctest suite" build/dev/airhost_tests --no-version=true --minimal=true
 # The whole pytest suite but the wheels' file (tests/py/conftest.py: each test has its own
 # ports, run directories and process checks, so it may run in several workers).
 parallel=()
@@ -198,8 +196,12 @@ parallel=()
 phase "pytest suite ($WORKERS worker(s))" "$PY" -m pytest -q -p no:cacheprovider "${parallel[@]}" --durations=25 \
   --ignore=tests/py/test_wheels.py "$@"
 
-phase "(waiting for the doctest suite)" settle "doctest suite"
+# The doctest suite mostly waits (timeouts, sockets, processes): while the foreground waits for
+# the background (its timing checks beside the background's low-priority builds, as they always
+# ran, never beside the pytest workers' load).
+background --beside "doctest suite" build/dev/airhost_tests --no-version=true --minimal=true
 phase "(waiting for the background)" settle "wheels, fuzz, sanitizer trees"
+phase "(waiting for the doctest suite)" settle "doctest suite"
 # The doctest suite and a slice of the end-to-end suite under ASan and UBSan, the doctest suite
 # under TSan, alone at the end (their deadlines are a sanitized binary's); a single report fails
 # (tests/sanitizers/README.md: what is exempt, and why).

@@ -491,3 +491,54 @@ def pytest_collection_modifyitems(config, items):
     waits = [item for item in items if item.nodeid.startswith("tests/py/test_gpu_offline.py")]
     if waits:
         items[:] = [item for item in items if item not in waits] + waits
+
+
+# --- where the suite's CPU goes -----------------------------------------------------------------
+# On 2 cores CI's minutes are CPU (docs/testing.md): each test's CPU seconds, the pytest process's
+# own and those of the processes it started and waited for (rusage of the children: the hosts,
+# their ranks, kernels, compilers), go with its report, and the summary lists the costliest.
+# Daemons nobody waits for (a Slurm cluster's) are not counted.
+def _cpu_seconds() -> float:
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    item._airhost_cpu0 = _cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "teardown" and hasattr(item, "_airhost_cpu0"):
+        report.user_properties.append(("cpu_s", round(_cpu_seconds() - item._airhost_cpu0, 2)))
+
+
+_CPU_BY_TEST: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        for key, value in report.user_properties:
+            if key == "cpu_s":
+                _CPU_BY_TEST[report.nodeid] = value
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _CPU_BY_TEST or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    total = sum(_CPU_BY_TEST.values())
+    by_file: dict[str, float] = {}
+    for nodeid, cpu in _CPU_BY_TEST.items():
+        by_file[nodeid.split("::")[0]] = by_file.get(nodeid.split("::")[0], 0.0) + cpu
+    terminalreporter.section(f"CPU seconds: {total:.0f} in all (the test process and what it waited for)")
+    for path, cpu in sorted(by_file.items(), key=lambda kv: -kv[1])[:12]:
+        terminalreporter.write_line(f"{cpu:8.1f} s  {path}")
+    terminalreporter.write_line("the costliest tests:")
+    for nodeid, cpu in sorted(_CPU_BY_TEST.items(), key=lambda kv: -kv[1])[:15]:
+        terminalreporter.write_line(f"{cpu:8.1f} s  {nodeid}")

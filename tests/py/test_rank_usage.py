@@ -14,9 +14,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "api_scripts"))
 import _helpers  # noqa: E402
 
 # Rank 0 computes, rank 1 sleeps, for SECONDS (or until the timeout stops them).
-# Rank 0 busy on more than one core (two threads hashing outside the GIL besides its loop), so
-# that it is busy (> 50 % of a core) even on a loaded machine where one spinning thread gets
-# half a core (the suite in pytest-xdist workers on 2 cores); rank 1 sleeps.
+# Rank 0 busy on several cores (four threads hashing outside the GIL besides its loop), so that
+# it is busy (> 50 % of a core) even on a loaded machine, where one spinning thread got a third
+# of a core (the suite in 3 pytest-xdist workers on 2 cores, the wheels building); rank 1 sleeps.
 BUSY_AND_IDLE = (
     "import hashlib, os, sys, threading, time\n"
     "rank, until = int(os.environ['RANK']), time.monotonic() + float(sys.argv[1])\n"
@@ -25,7 +25,7 @@ BUSY_AND_IDLE = (
     "    block = b'x' * (1 << 20)\n"
     "    while time.monotonic() < until:\n"
     "        hashlib.sha256(block).digest()\n"
-    "for _ in range(2 if rank == 0 else 0):\n"
+    "for _ in range(4 if rank == 0 else 0):\n"
     "    threading.Thread(target=hashing, daemon=True).start()\n"
     "while time.monotonic() < until:\n"
     "    if rank == 0:\n"
