@@ -214,6 +214,9 @@ def _watch_warnings():
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         if signal.getsignal(sig) in (signal.SIG_DFL, signal.SIG_IGN, _on_warning):
             signal.signal(sig, _on_warning)
+    # airhost-rank blocked them while it started (rank_main.cpp): one that came meanwhile is
+    # delivered now, to the handler above.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGUSR1, signal.SIGUSR2))
 
 
 # `airhost stacks` and Ctrl-\ on the host: a thread of airhost's own in the rank (C, outside

@@ -133,8 +133,14 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--guard") == 0) return run_guard();
   // A scheduler's warning (SIGUSR1/SIGUSR2, which the host passes on to every rank) that comes
   // while the rank starts, before its interpreter installs the handler that records it
-  // (bootstrap.py), must not kill it: ignored until then (the bootstrap replaces SIG_IGN).
-  for (int sig : {SIGUSR1, SIGUSR2}) ::signal(sig, SIG_IGN);
+  // (bootstrap.py), must neither kill it nor be lost: blocked until then, it waits, and the
+  // bootstrap unblocks it once its handler is in place. (Before this line the host holds it
+  // back: supervisor_run.cpp, forward_warning.)
+  sigset_t warnings;
+  sigemptyset(&warnings);
+  sigaddset(&warnings, SIGUSR1);
+  sigaddset(&warnings, SIGUSR2);
+  ::sigprocmask(SIG_BLOCK, &warnings, nullptr);
   const std::string dir = self_dir();
   const auto search = airhost::rank::libpython_search(python_of(argc, argv, dir), airhost::detail::built_python_version());
   if (const std::string why = airhost::rank::load_libpython(search); !why.empty()) return cannot_start(why);

@@ -109,6 +109,7 @@ void Supervisor::Impl::maybe_finish() {
   output->finish();
   uv_close(as_handle(&alive_timer), nullptr);
   uv_close(as_handle(&record_timer), nullptr);  // the final record is the launcher's
+  uv_close(as_handle(&warning_timer), nullptr);
   if (escapees_told) escapees.kill_all();  // what a teardown signal did not end by now
   escapees.close();
   watches->close();

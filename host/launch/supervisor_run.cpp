@@ -22,18 +22,53 @@ void Supervisor::Impl::on_signal(int sig) {
     guarded("handling a signal", [&] { begin_teardown(Outcome::interrupted, sig); });
 }
 
+namespace {
+constexpr std::uint64_t kWarningRetryMs = 20, kWarningWaitMs = 30000;
+}  // namespace
+
 void Supervisor::Impl::forward_warning(int sig) {
   const bool first = warning_signal == 0;
   warning_signal = sig;
   int sent = 0;
-  for (auto& r : ranks)
-    if (r->report.state == RankState::running && r->report.pid > 0 && ::kill(r->report.pid, sig) == 0) ++sent;
+  for (auto& r : ranks) {
+    if (r->report.state != RankState::running || r->report.pid <= 0) continue;
+    if (!takes_signal(r->report.pid, sig)) {
+      warning_pending.insert(r.get());
+      ++sent;
+    } else if (::kill(r->report.pid, sig) == 0) {
+      ++sent;
+    }
+  }
+  if (!warning_pending.empty() && !uv_is_active(as_handle(&warning_timer))) {
+    warning_pending_since = uv_now(&loop);
+    uv_timer_start(&warning_timer, [](uv_timer_t* t) {
+      auto* self = static_cast<Impl*>(t->data);
+      self->guarded("passing a signal on", [&] { self->pass_pending_warnings(); });
+    }, kWarningRetryMs, kWarningRetryMs);
+  }
   const std::string name = signal_name(sig);
+  const std::string starting =
+      warning_pending.empty() ? "" : " (" + std::to_string(warning_pending.size()) + " still starting: once it can take it)";
   if (first)
     plan.out->say(name + ": the scheduler's warning that the job's time is nearly up; passed to " +
-                  std::to_string(sent) + " rank(s): checkpoint and stop (airhost.preemption_requested())");
+                  std::to_string(sent) + " rank(s)" + starting + ": checkpoint and stop (airhost.preemption_requested())");
   else
-    plan.out->log(name + " again; passed to " + std::to_string(sent) + " rank(s)");
+    plan.out->log(name + " again; passed to " + std::to_string(sent) + " rank(s)" + starting);
+}
+
+void Supervisor::Impl::pass_pending_warnings() {
+  const bool waited_enough = uv_now(&loop) - warning_pending_since >= kWarningWaitMs;
+  for (auto it = warning_pending.begin(); it != warning_pending.end();) {
+    Rank& r = **it;
+    const bool gone = r.report.state != RankState::running || r.report.pid <= 0;
+    if (gone || waited_enough || takes_signal(r.report.pid, warning_signal)) {
+      if (!gone) ::kill(r.report.pid, warning_signal);
+      it = warning_pending.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (warning_pending.empty()) uv_timer_stop(&warning_timer);
 }
 
 void Supervisor::Impl::make_watches() {
@@ -116,7 +151,8 @@ RunReport Supervisor::Impl::run() {
     uv_timer_init(&loop, &grace_timer);
     uv_timer_init(&loop, &alive_timer);
     uv_timer_init(&loop, &record_timer);
-    record_timer.data = this;
+    uv_timer_init(&loop, &warning_timer);
+    record_timer.data = warning_timer.data = this;
     timeout_timer.data = grace_timer.data = alive_timer.data = this;
     make_watches();
     if (plan.on_alive) {

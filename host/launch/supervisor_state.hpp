@@ -15,6 +15,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #include "launch/output/rank_output.hpp"
 #include "launch/procs/escapees.hpp"
 #include "launch/procs/group_guard.hpp"
+#include "launch/procs/proc_tree.hpp"
 #include "launch/procs/signal_watch.hpp"
 #include "launch/rank/control_channel.hpp"
 #include "launch/rank/frames.hpp"
@@ -109,6 +111,9 @@ struct Supervisor::Impl {
   uv_timer_t alive_timer{};  // tells plan.on_alive that the loop turns (the node link's watch)
   SignalWatch signals;  // the host's signals, for the run (on_signal)
   int warning_signal = 0;  // the last SIGUSR1/SIGUSR2 passed to the ranks
+  std::set<Rank*> warning_pending;  // running ranks the warning waits for (still starting)
+  std::uint64_t warning_pending_since = 0;  // uv_now when they began waiting
+  uv_timer_t warning_timer{};
   // Their stdout and stderr: into the logs, the console and the callbacks (rank_output.hpp).
   std::unique_ptr<RankOutput> output;
   // The stacks, the hang watch, the usage and the flight recorder (run_watches.hpp).
@@ -255,8 +260,13 @@ struct Supervisor::Impl {
 
   // The run goes on: each rank's main process gets the signal (not its group: a DataLoader
   // worker would die of it), where airhost's handler records it for
-  // airhost.preemption_requested(); the training loop checkpoints and leaves.
+  // airhost.preemption_requested(); the training loop checkpoints and leaves. A rank still
+  // starting (its process not yet past exec, where airhost-rank ignores the warning until its
+  // interpreter's handler takes over) would be killed by it: it gets the signal once it takes
+  // it (takes_signal), checked every kWarningRetryMs by warning_timer; a process that still
+  // leaves it at its default after kWarningWaitMs gets it all the same.
   void forward_warning(int sig);
+  void pass_pending_warnings();
 
   void make_watches();
 

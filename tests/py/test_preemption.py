@@ -57,3 +57,47 @@ def test_a_rank_that_does_not_ask_is_not_killed_by_the_warning_and_the_run_succe
     done = host.finish(timeout=60)
     done.assert_rc(0)
     assert done.run_json["state"] == "succeeded" and done.run_json["warning_signal"] == "SIGUSR1", done.run_json
+
+
+SLOW_START_C = r"""
+#include <stdlib.h>
+#include <unistd.h>
+/* Loaded into every process of the test (LD_PRELOAD); in a rank (RANK is set) it sleeps before
+   main, as a rank's start may take on a loaded machine: every signal there is at its default. */
+__attribute__((constructor)) static void slow_start(void) {
+  if (getenv("RANK") && !getenv("SLOW_START_DONE")) { setenv("SLOW_START_DONE", "1", 1); sleep(2); }
+}
+"""
+
+WARNED = (
+    "import time, airhost\n"
+    "deadline = time.monotonic() + 20\n"
+    "while not airhost.preemption_requested() and time.monotonic() < deadline:\n"
+    "    time.sleep(0.05)\n"
+    "print('warned', airhost.preemption_requested(), flush=True)\n"
+)
+
+
+def test_a_warning_while_the_ranks_start_waits_until_they_can_take_it_instead_of_killing_them(airhost, tmp_path):
+    # A rank process between its spawn and airhost-rank's main() has SIGUSR1 at its default
+    # (terminate): the warning used to kill a rank that had not started yet (seen in CI, under
+    # load). Here the ranks' start is held 2 s before main by a preloaded constructor.
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("needs a C compiler for the preloaded library")
+    (tmp_path / "slow_start.c").write_text(SLOW_START_C)
+    lib = tmp_path / "slow_start.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "slow_start.c")], check=True)
+    (tmp_path / "warned.py").write_text(WARNED)
+    host = airhost.start(str(tmp_path / "warned.py"), "-n", "2", env={"LD_PRELOAD": str(lib)})
+    run_dir = host.run_dir()
+    wait_for(lambda: all((run_dir / "logs" / f"rank-{r}.stdout.log").exists() for r in range(2)), 30, "the ranks")
+    host.signal(signal.SIGUSR1)
+    done = host.finish(timeout=60)
+    done.assert_rc(0)
+    assert "passed to 2 rank(s) (2 still starting: once it can take it)" in done.err, done.err
+    assert done.out.count("warned True") == 2, done.out
+    assert done.run_json["state"] == "succeeded" and done.run_json["warning_signal"] == "SIGUSR1", done.run_json

@@ -111,6 +111,20 @@ std::vector<ProcStat> list_tree(const std::set<int>& pids) {
   return tree;
 }
 
+bool takes_signal(int pid, int sig) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/status", pid);
+  std::string status;
+  if (!read_file(path, status)) return true;
+  const std::uint64_t bit = 1ull << (sig - 1);
+  for (const char* field : {"\nSigBlk:\t", "\nSigIgn:\t", "\nSigCgt:\t"}) {
+    const auto at = status.find(field);
+    if (at == std::string::npos) return true;
+    if (std::strtoull(status.c_str() + at + std::strlen(field), nullptr, 16) & bit) return true;
+  }
+  return false;
+}
+
 bool environ_has(int pid, const std::string& entry) {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/environ", pid);

@@ -53,6 +53,13 @@ std::vector<ProcStat> list_tree(const std::set<int>& pids);
 // ("KEY=VALUE"). False when it does not, or cannot be read (another user's, a zombie).
 bool environ_has(int pid, const std::string& entry);
 
+// Whether `pid` blocks, ignores or catches `sig` (SigBlk of its main thread, SigIgn, SigCgt of
+// /proc/<pid>/status): a process
+// still between fork and its own first instructions has every disposition at the default,
+// and a signal whose default is to terminate would kill it. True when it cannot be read
+// (gone: nothing to protect).
+bool takes_signal(int pid, int sig);
+
 // What makes up a run's processes.
 struct RunMatch {
   std::set<int> roots;                     // these and all below them (pids)
