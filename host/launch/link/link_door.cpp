@@ -84,9 +84,9 @@ namespace {
 
 // Makes room for one more connection from `address`: past kMaxPendingPerAddress from it, or
 // kMaxPending in all, the oldest one still silent is closed (left in `pending`, closed, for the
-// caller's turn to drop: its indexes stay as they were). False when there is no room (every
-// connection held has said hello and awaits its proof).
-bool make_room(std::vector<Pending>& pending, const std::string& address) {
+// caller's turn to drop: its indexes stay as they were; `dropped` says so). False when there is
+// no room (every connection held has said hello and awaits its proof).
+bool make_room(std::vector<Pending>& pending, const std::string& address, bool& dropped) {
   std::size_t open = 0, from_address = 0;
   for (const auto& p : pending)
     if (p.conn.is_open()) {
@@ -101,6 +101,7 @@ bool make_room(std::vector<Pending>& pending, const std::string& address) {
       oldest = &p;
   if (!oldest) return false;
   oldest->conn.close();
+  dropped = true;
   return true;
 }
 
@@ -121,7 +122,7 @@ void shed_one(int l) {
 // Accepts what waits on the listener `l` (kAcceptPerTurn at most). The accepted descriptors
 // are owned by their LinkConnection from here (closed with it: refused, dropped, made room
 // for, or at the end of the run); until the connection joins, its frames are kept small.
-void accept_all(int l, std::vector<Pending>& pending) {
+void accept_all(int l, std::vector<Pending>& pending, StrangerLines* strangers) {
   if (l < 0) return;
   for (int n = 0; n < kAcceptPerTurn; ++n) {
     sockaddr_storage sa{};
@@ -134,7 +135,12 @@ void accept_all(int l, std::vector<Pending>& pending) {
     try {
       LinkConnection conn(fd);
       const std::string address = peer_address(sa);
-      if (!make_room(pending, address)) continue;  // conn closes the newcomer
+      // Either the oldest silent one or the newcomer is dropped unheard: counted all the same,
+      // so that the strangers' line says how many came.
+      bool dropped = false;
+      const bool room = make_room(pending, address, dropped);
+      if (strangers && (!room || dropped)) strangers->count_unsaid();
+      if (!room) continue;  // conn closes the newcomer
       conn.limit_frames(kMaxJoinFrame);
       pending.push_back({std::move(conn), address, Clock::now(), std::nullopt, {}, {}});
     } catch (const std::system_error&) {

@@ -52,6 +52,8 @@ class StrangerLines {
   void say(const NodeLinkConfig& cfg, const std::string& line);
   // The count of a window that is over; with `now`, of this one too (the join is done).
   void tick(const NodeLinkConfig& cfg, bool now = false);
+  // One more connection dropped unheard (made room for): counted in the window's line.
+  void count_unsaid() { ++hidden_; }
 
  private:
   std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
@@ -78,7 +80,7 @@ void say_goodbye(std::vector<LinkConnection*> conns, const std::string& frame);
 // Accepts what waits on the listener `l` (kAcceptPerTurn at most), within kMaxPending and
 // kMaxPendingPerAddress: the oldest silent connection makes room (closed, left in `pending`
 // for prune_pending). EMFILE sheds the connection instead of leaving it in the backlog.
-void accept_all(int l, std::vector<Pending>& pending);
+void accept_all(int l, std::vector<Pending>& pending, StrangerLines* strangers = nullptr);
 // Drops the connections made room for, before a turn indexes them.
 void prune_pending(std::vector<Pending>& pending);
 std::string token_on_node_only(const NodeHello& h);

@@ -160,8 +160,8 @@ JoinedGroup join_as_hub(const NodeLinkConfig& cfg, const NodeHello& self, const 
     for (auto& p : joined) fds.push_back({p.conn.fd(), POLLIN, 0});
     const std::size_t pending_polled = pending.size(), joined_polled = joined.size();
     ::poll(fds.data(), fds.size(), elastic && n >= want_min ? 20 : 100);
-    accept_all(l4, pending);
-    accept_all(l6, pending);
+    accept_all(l4, pending, &strangers);
+    accept_all(l6, pending, &strangers);
     // Only what poll() named is read: a turn costs the connections that spoke, not all of them.
     std::vector<bool> spoke(pending.size(), true);  // accepted just now: not polled yet
     for (std::size_t i = 0; i < pending_polled; ++i) spoke[i] = fds[2 + i].revents != 0;
