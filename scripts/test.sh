@@ -152,34 +152,43 @@ phase "set-up: system packages" env AIRHOST_SETUP_TEST_DEPS=1 AIRHOST_SETUP_ONLY
 SETUP_DONE=$LOGS/set-up-done
 rm -f "$SETUP_DONE"
 
-# Behind the foreground, one after the other (each uses both cores when the foreground waits):
-#  - the sdist and a wheel per CPython 3.10-3.13, as users install them, first: the GPU
-#    bundle's test (test_gpu_offline.py) takes two of them from dist/ once WHEELS_READY says so;
-#  - every parser of outside bytes under libFuzzer, AddressSanitizer and UBSan, from its corpus
-#    (tests/fuzz/), a fixed number of runs from a fixed seed: the same inputs each time;
-#  - the ASan+UBSan and TSan trees of scripts/sanitize.sh, built (it runs them further down);
-#  - tests/py/test_wheels.py: the sdist and each wheel installed into a fresh venv with no
-#    compiler in reach, and run (its own pytest session, its own temporary directory).
+# Behind the foreground, in two chains:
+#  - the sdist and a wheel per CPython 3.10-3.13, as users install them: the GPU bundle's test
+#    (test_gpu_offline.py) takes two of them from dist/ once WHEELS_READY says so; then
+#    tests/py/test_wheels.py: the sdist and each wheel installed into a fresh venv with no
+#    compiler in reach, and run (its own pytest session, its own temporary directory);
+#  - once the wheels are built and .venv is there, every parser of outside bytes under libFuzzer, AddressSanitizer and
+#    UBSan, from its corpus (tests/fuzz/), a fixed number of runs from a fixed seed (the same
+#    inputs each time); then the ASan+UBSan and TSan trees of scripts/sanitize.sh, built (it
+#    runs them further down).
 WHEELS_READY=$LOGS/wheels-ready
 rm -f "$WHEELS_READY"
 # bg_step NAME CMD...: one step of the background, under it in the table.
 bg_step() { local name=$1; shift; phase_into "$LOGS/background-steps.txt" "  $name" "$@"; }
-bg_builds() {
-  if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then
-    local rc=0
-    bg_step "wheels and sdist built" scripts/build-wheels.sh || rc=$?
-    if [ $rc = 0 ]; then echo ok >"$WHEELS_READY"; else echo "failed (exit $rc)" >"$WHEELS_READY"; return $rc; fi
-  fi
-  wait_for "$SETUP_DONE"  # the sanitized trees' configure takes .venv's Python and pybind11
+# Two chains, side by side (at the end, when the foreground waits, each has a core):
+bg_wheels() {
+  local rc=0
+  bg_step "wheels and sdist built" scripts/build-wheels.sh || rc=$?
+  if [ $rc = 0 ]; then echo ok >"$WHEELS_READY"; else echo "failed (exit $rc)" >"$WHEELS_READY"; return $rc; fi
+  wait_for "$SETUP_DONE"  # its pytest is .venv's
+  bg_step "wheels and sdist installed" env AIRHOST_TEST_DIST="$ROOT/dist" "$PY" -m pytest -q -p no:cacheprovider \
+    --basetemp="/tmp/airhost-wheels-tests.$$" tests/py/test_wheels.py
+}
+bg_sanitized() {
+  # After the wheels (the pytest suite's GPU bundle test waits for them), and once .venv is
+  # there: the sanitized trees' configure takes its Python and pybind11.
+  [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ] && wait_for "$WHEELS_READY"
+  wait_for "$SETUP_DONE"
   if [ "${AIRHOST_TEST_FUZZ:-1}" = 1 ]; then bg_step "fuzz targets" env AIRHOST_FUZZ_TIMEOUT=300 scripts/fuzz.sh || return $?; fi
   if [ "${AIRHOST_TEST_SANITIZE:-1}" = 1 ]; then bg_step "sanitizer trees built" scripts/sanitize.sh build || return $?; fi
-  if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then
-    bg_step "wheels and sdist installed" env AIRHOST_TEST_DIST="$ROOT/dist" "$PY" -m pytest -q -p no:cacheprovider \
-      --basetemp="/tmp/airhost-wheels-tests.$$" tests/py/test_wheels.py || return $?
-  fi
 }
-[ "${AIRHOST_TEST_WHEELS:-1}" = 1 ] && export AIRHOST_TEST_WHEELS_READY=$WHEELS_READY
-background "wheels, fuzz, sanitizer trees" bg_builds
+BACKGROUND=("fuzz, sanitizer trees")
+background "fuzz, sanitizer trees" bg_sanitized
+if [ "${AIRHOST_TEST_WHEELS:-1}" = 1 ]; then
+  export AIRHOST_TEST_WHEELS_READY=$WHEELS_READY
+  BACKGROUND+=("wheels")
+  background "wheels" bg_wheels
+fi
 
 phase "set-up: .venv, airhost" env AIRHOST_SETUP_TEST_DEPS=1 scripts/setup.sh
 # NVIDIA's headers, CUDA runtime and NCCL from their wheels (1.1 GB to download, once): the C++
@@ -200,7 +209,7 @@ phase "pytest suite ($WORKERS worker(s))" "$PY" -m pytest -q -p no:cacheprovider
 # the background (its timing checks beside the background's low-priority builds, as they always
 # ran, never beside the pytest workers' load).
 background --beside "doctest suite" build/dev/airhost_tests --no-version=true --minimal=true
-phase "(waiting for the background)" settle "wheels, fuzz, sanitizer trees"
+for part in "${BACKGROUND[@]}"; do phase "(waiting for the background: $part)" settle "$part"; done
 phase "(waiting for the doctest suite)" settle "doctest suite"
 # The doctest suite and a slice of the end-to-end suite under ASan and UBSan, the doctest suite
 # under TSan, alone at the end (their deadlines are a sanitized binary's); a single report fails
