@@ -6,7 +6,7 @@
 #
 #   scripts/test.sh                 everything, as CI does (set-up included)
 #   scripts/test.sh --quick         the inner loop: an incremental build, the doctest suite and
-#                                   an end-to-end slice through every room (~2 min after an edit)
+#                                   an end-to-end slice through every room (~1 min after an edit)
 #   scripts/test.sh [PYTEST ARGS]   everything, with these arguments for the pytest suite
 #                                   (-k EXPR, a file, -x ...)
 #
