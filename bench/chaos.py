@@ -229,7 +229,7 @@ def run_round(args, index: int, rng: random.Random, base: Path) -> dict:
         newcomer.signal(signal.SIGKILL)
     record["victim"] = victim if fault in ("rank-crash", "kill", "term", "stop") else None
 
-    live = [h for h in hosts if f"{h.name}" in expected]
+    live = [h for h in hosts if h.name in expected]
     end_by = fault_at + bound + 30  # past the bound, we stop waiting (a violation) and clean up
     while any(h.poll() is None for h in live) and time.monotonic() < end_by:
         time.sleep(0.02)
