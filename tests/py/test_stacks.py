@@ -186,6 +186,16 @@ def test_stacks_of_the_python_api_future_and_of_a_job(api_tmp):
     assert out["after"]["job"].startswith("ValueError: run ") and "has ended: succeeded (exit 0)" in out["after"]["job"], out
 
 
+def test_asking_a_run_whose_directory_is_not_made_yet_is_no_host_there_at_any_path_length(tmp_path):
+    # .submit() knows its run directory before the host makes it; a path longer than sun_path
+    # goes through the directory's descriptor, which must say "no host" too (CI: FileNotFoundError)
+    from airhost import _stacks
+
+    for run_dir in (tmp_path / "r", tmp_path / ("x" * 120) / "r"):
+        with pytest.raises(ConnectionError, match="no airhost host answers"):
+            _stacks.ask(str(run_dir), timeout=1)
+
+
 def test_bad_input_is_one_line_and_exit_2(airhost, tmp_path):
     root = tmp_path / "runs"
     env = airhost.env(root)

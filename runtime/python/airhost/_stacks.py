@@ -30,7 +30,10 @@ def ask(run_dir: str, timeout: float = 30.0, sample: float | None = None) -> dic
     path = os.path.join(run_dir, SOCKET_NAME)
     dir_fd = -1
     if len(os.fsencode(path)) >= 108:  # longer than sun_path: through the directory's descriptor
-        dir_fd = os.open(run_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            dir_fd = os.open(run_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:  # the host has not made it yet (or the run is gone)
+            raise ConnectionError(f"no airhost host answers in {run_dir} (no such directory)") from None
         path = f"/proc/self/fd/{dir_fd}/{SOCKET_NAME}"
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
