@@ -92,9 +92,18 @@ settle() {
     return $rc
   fi
 }
+# stop_tree PID: stops PID and every process under it (a background part's compilers and
+# tests, which a kill of its subshell alone would leave running after a failed run).
+stop_tree() {
+  local pid=$1 child
+  kill -STOP "$pid" 2>/dev/null || return 0  # frozen first: it starts no new child meanwhile
+  for child in $(ps -o pid= --ppid "$pid" 2>/dev/null); do stop_tree "$child"; done
+  kill -TERM "$pid" 2>/dev/null || true
+  kill -CONT "$pid" 2>/dev/null || true
+}
 finish() {
   local rc=$?
-  for pid in "${BG_PID[@]}"; do kill -- "$pid" 2>/dev/null || true; done
+  for pid in "${BG_PID[@]}"; do stop_tree "$pid"; done
   row total "$T_START" 0 $rc >>"$TABLE"
   echo "--- test.sh: where the time went ---" >&2
   cat "$TABLE" >&2

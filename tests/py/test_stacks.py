@@ -326,7 +326,8 @@ def test_a_bad_sampling_length_is_one_line_and_exit_2(airhost, tmp_path, flags, 
 
 
 def test_a_run_that_ends_badly_names_the_rank_missing_from_a_collective_from_the_flight_recorder(airhost, tmp_path):
-    run = airhost(script("fr_hang.py"), "-n", "3", "--timeout", "12", "--", "self", env={"TORCH_FR_BUFFER_SIZE": "100"})
+    # --timeout 25: each rank's dump takes ~2 s of CPU, ~10 s when 2 cores are shared with a loaded suite.
+    run = airhost(script("fr_hang.py"), "-n", "3", "--timeout", "25", "--", "self", env={"TORCH_FR_BUFFER_SIZE": "100"})
     run.assert_rc(124)
     assert run.out.count("dumped") == 3, run.describe()
     assert "Flight recorder, torch's ring of recent collectives (ranks 0-2 dumped):" in run.err, run.describe()
@@ -340,7 +341,8 @@ def test_a_run_that_ends_badly_names_the_rank_missing_from_a_collective_from_the
 
 
 def test_a_flight_recorder_dump_that_cannot_be_read_is_said_and_the_rest_still_read(airhost, tmp_path):
-    run = airhost(script("fr_hang.py"), "-n", "3", "--timeout", "12", "--", "self", env={"TORCH_FR_BUFFER_SIZE": "100"})
+    # --timeout 25: each rank's dump takes ~2 s of CPU, ~10 s when 2 cores are shared with a loaded suite.
+    run = airhost(script("fr_hang.py"), "-n", "3", "--timeout", "25", "--", "self", env={"TORCH_FR_BUFFER_SIZE": "100"})
     run.assert_rc(124)
     # The same dumps read again, one of them cut short as by a rank that died writing it.
     stacks = run.run_dir / "stacks"
