@@ -11,8 +11,11 @@ build_pkgs=(g++ cmake pkg-config libuv1-dev libtomlplusplus-dev doctest-dev pybi
 # for the network namespaces of its two nodes and of the multi-node tests (test_netns.py);
 # patch and binutils (readelf) for the offline GPU bundle rehearsal (test_gpu_offline.py).
 # clang-16 with its runtime: libFuzzer and the sanitizers of scripts/fuzz.sh. ccache: the four
-# wheels of scripts/build-wheels.sh share all that does not depend on the Python.
-if [ "${AIRHOST_SETUP_TEST_DEPS:-0}" = 1 ]; then build_pkgs+=(slurm-wlm munge iproute2 patch binutils clang-16 libclang-rt-16-dev ccache); fi
+# wheels of scripts/build-wheels.sh share all that does not depend on the Python. podman, runc
+# and debootstrap: deploy/Dockerfile's image built and run as a container (tests/container/).
+if [ "${AIRHOST_SETUP_TEST_DEPS:-0}" = 1 ]; then
+  build_pkgs+=(slurm-wlm munge iproute2 patch binutils clang-16 libclang-rt-16-dev ccache podman runc debootstrap)
+fi
 for pkg in "${build_pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
 done

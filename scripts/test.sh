@@ -15,8 +15,8 @@
 # the pytest suite, which mostly waits on processes, runs in the foreground; what uses those
 # builds runs once they are done. A table at the end says how long each part took (also in
 # build/test-logs/phases.txt), and pytest lists its slowest tests.
-# AIRHOST_TEST_FUZZ=0, AIRHOST_TEST_SANITIZE=0, AIRHOST_TEST_WHEELS=0 and AIRHOST_TEST_GUARD=0
-# skip a part. AIRHOST_TEST_WORKERS=N runs the pytest suite in N pytest-xdist workers (default
+# AIRHOST_TEST_FUZZ=0, AIRHOST_TEST_SANITIZE=0, AIRHOST_TEST_WHEELS=0 (and with it the
+# containers), AIRHOST_TEST_CONTAINERS=0 and AIRHOST_TEST_GUARD=0 skip a part. AIRHOST_TEST_WORKERS=N runs the pytest suite in N pytest-xdist workers (default
 # 3, a file per worker, the longest files first: most tests wait on processes, so 3 workers keep
 # 2 cores busy; 1 runs it in one process).
 set -euo pipefail
@@ -165,23 +165,34 @@ rm -f "$SETUP_DONE"
 #  - the sdist and a wheel per CPython 3.10-3.13, as users install them: the GPU bundle's test
 #    (test_gpu_offline.py) takes two of them from dist/ once WHEELS_READY says so; then
 #    tests/py/test_wheels.py: the sdist and each wheel installed into a fresh venv with no
-#    compiler in reach, and run (its own pytest session, its own temporary directory);
+#    compiler in reach, and run (its own pytest session, its own temporary directory); then
+#    tests/container/: deploy/Dockerfile's image built from the wheel with podman on a Debian
+#    base (made meanwhile, once per machine) and run as users run it;
 #  - once the wheels are built and .venv is there, every parser of outside bytes under libFuzzer, AddressSanitizer and
 #    UBSan, from its corpus (tests/fuzz/), a fixed number of runs from a fixed seed (the same
 #    inputs each time); then the ASan+UBSan and TSan trees of scripts/sanitize.sh, built (it
 #    runs them further down).
+# The container tests (tests/container/): where podman is (the set-up's system packages bring it).
+CONTAINERS=0
+[ "${AIRHOST_TEST_CONTAINERS:-1}" = 1 ] && command -v podman >/dev/null && CONTAINERS=1
 WHEELS_READY=$LOGS/wheels-ready
 rm -f "$WHEELS_READY"
 # bg_step NAME CMD...: one step of the background, under it in the table.
 bg_step() { local name=$1; shift; phase_into "$LOGS/background-steps.txt" "  $name" "$@"; }
 # Two chains, side by side (at the end, when the foreground waits, each has a core):
 bg_wheels() {
-  local rc=0
+  local rc=0 base=""
+  # The containers' Debian base (once per machine; mostly a download) while the wheels build.
+  if [ "$CONTAINERS" = 1 ]; then scripts/container-base.sh >"$LOGS/container-base.log" 2>&1 & base=$!; fi
   bg_step "wheels and sdist built" scripts/build-wheels.sh || rc=$?
   if [ $rc = 0 ]; then echo ok >"$WHEELS_READY"; else echo "failed (exit $rc)" >"$WHEELS_READY"; return $rc; fi
   wait_for "$SETUP_DONE"  # its pytest is .venv's
   bg_step "wheels and sdist installed" env AIRHOST_TEST_DIST="$ROOT/dist" "$PY" -m pytest -q -p no:cacheprovider \
-    --basetemp="/tmp/airhost-wheels-tests.$$" tests/py/test_wheels.py
+    --basetemp="/tmp/airhost-wheels-tests.$$" tests/py/test_wheels.py || return $?
+  [ "$CONTAINERS" = 1 ] || return 0
+  wait "$base" || { cat "$LOGS/container-base.log"; return 1; }
+  bg_step "containers: image built and run" env AIRHOST_TEST_DIST="$ROOT/dist" "$PY" -m pytest -q -s \
+    -p no:cacheprovider --basetemp="/tmp/airhost-container-tests.$$" tests/container
 }
 bg_sanitized() {
   # After the wheels (the pytest suite's GPU bundle test waits for them), and once .venv is
