@@ -80,6 +80,10 @@ bool requeue_if_preempted(const RunReport& report, int node_rank) {
   const auto at = text.find(was);
   if (at == std::string::npos) return false;  // cancelled meanwhile: not to be requeued
   if (node_rank != 0) return true;
+  // Said before asking: the requeue ends this job's steps, this host among them, at once.
+  std::fprintf(stderr, "airhost: run %s stopped for the job's time; requeueing Slurm job %s, which resumes it\n",
+               report.run_id.c_str(), job.c_str());
+  std::fflush(stderr);
   std::string said;
   if (run_capture("scontrol requeue " + shell_quote(job) + " 2>&1", said) != 0) {
     text.replace(at, was.size(), "\"state\": \"preempted\"");
@@ -93,8 +97,6 @@ bool requeue_if_preempted(const RunReport& report, int node_rank) {
                  job.c_str(), said.c_str());
     return false;
   }
-  std::fprintf(stderr, "airhost: run %s stopped for the job's time; Slurm job %s is requeued and resumes it\n",
-               report.run_id.c_str(), job.c_str());
   return true;
 }
 

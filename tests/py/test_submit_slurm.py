@@ -223,7 +223,7 @@ def test_a_job_warned_of_its_time_checkpoints_is_requeued_and_ends_as_an_uninter
     assert record["state"] == "succeeded", (record, output)
     assert "requeued" in seen and "preempted" not in seen, seen
     assert "the scheduler's warning that the job's time is nearly up" in output, output
-    assert f"Slurm job {job} is requeued" in output, output
+    assert f"requeueing Slurm job {job}, which resumes it" in output, output
     assert "attempt 1: resumed from step-000017 at step 17" in output, output
     run_json = json.loads((submit.root / run_id / "run.json").read_text())
     assert run_json["restarts"] == 1 and run_json["scheduler_job_id"] == job, run_json
