@@ -17,7 +17,8 @@ if [ "${AIRHOST_SETUP_TEST_DEPS:-0}" = 1 ]; then
   build_pkgs+=(slurm-wlm munge iproute2 patch binutils clang-16 libclang-rt-16-dev ccache podman runc debootstrap)
 fi
 for pkg in "${build_pkgs[@]}"; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need_pkgs+=("$pkg")
+  # Installed, not merely known (a package removed but not purged keeps its config: dpkg -s passes).
+  [ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)" = "install ok installed" ] || need_pkgs+=("$pkg")
 done
 # The tests run airhost as PID 1 of a pid namespace with util-linux's unshare (a container's
 # entrypoint without a container engine); util-linux is essential on Debian, but not on every
