@@ -332,6 +332,25 @@ TEST_CASE("another rank's line ends an open line first, and the rest of it is na
   CHECK(written(c) == "out:[rank 0] Loading\n[rank 1] ready\n[rank 0] ... done\n");
 }
 
+TEST_CASE("a line cut by another rank's that then ends with nothing more leaves no empty line") {
+  // CI, 3 workers on 2 cores: a rank's last line (no '\n') was shown after its quiet spell, cut
+  // by another rank's line, then ended at EOF: the console showed an empty "[rank 3] " line.
+  using airhost::Stream;
+  Console c(false);
+  c.show(3, Stream::out, "[rank 3] ", text("3 o 217848 dddd|3o217848"));
+  c.show(1, Stream::out, "[rank 1] ", text("1 o 9"));
+  c.show(1, Stream::out, "[rank 1] ", kEnd);
+  c.show(3, Stream::out, "[rank 3] ", kEnd);  // EOF: the line ends, nothing more of it came
+  c.show(0, Stream::out, "[rank 0] ", kEnd);  // an empty line of the rank's own is shown
+  CHECK(written(c) == "out:[rank 3] 3 o 217848 dddd|3o217848\n[rank 1] 1 o 9\n[rank 0] \n");
+  c.clear_pending();
+  c.show(2, Stream::err, "[rank 2] ", text("Password: "));
+  c.end_open_lines();  // a host note
+  c.show(2, Stream::err, "[rank 2] ", kEnd);
+  c.show(2, Stream::err, "[rank 2] ", kEnd);  // then an empty line of its own
+  CHECK(written(c) == "err:[rank 2] Password: \n[rank 2] \n");
+}
+
 TEST_CASE("two ranks' bars take turns on lines of their own, each line named by its rank") {
   using airhost::Stream;
   Console c(false);

@@ -148,10 +148,25 @@ void Console::write(Stream stream, std::string_view bytes) {
   pending_bytes_ += bytes.size();
 }
 
+void Console::cut(OpenLine& line) {
+  write(line.stream, "\n");
+  cut_.emplace_back(line.rank, line.stream);
+  line.open = false;
+}
+
+bool Console::take_cut(int rank, Stream stream) {
+  const auto at = std::find(cut_.begin(), cut_.end(), std::pair{rank, stream});
+  if (at == cut_.end()) return false;
+  cut_.erase(at);
+  return true;
+}
+
 void Console::show(int rank, Stream stream, std::string_view prefix, const ConsoleEvent& event) {
   OpenLine& line = screen_of(stream);
   const bool mine = line.open && line.rank == rank && line.stream == stream;
-  if (line.open && !mine) write(line.stream, "\n");  // another's line: end it before ours starts
+  if (line.open && !mine) cut(line);  // another's line: end it before ours starts
+  // This line was cut and nothing more of it came: its end is already on the console.
+  if (take_cut(rank, stream) && event.kind == ConsoleEvent::Kind::end) return;
   switch (event.kind) {
     case ConsoleEvent::Kind::text:
       if (!mine) write(stream, prefix);
@@ -174,10 +189,8 @@ void Console::show(int rank, Stream stream, std::string_view prefix, const Conso
 }
 
 void Console::end_open_lines() {
-  for (OpenLine& line : screens_) {
-    if (line.open) write(line.stream, "\n");
-    line.open = false;
-  }
+  for (OpenLine& line : screens_)
+    if (line.open) cut(line);
 }
 
 RankStream::RankStream(std::string log_path, std::size_t max_line, std::uint64_t quiet_ms, OnLine on_line, OnShow on_show,

@@ -155,9 +155,16 @@ class Console {
   };
   OpenLine& screen_of(Stream stream) { return screens_[shared_screen_ || stream == Stream::out ? 0 : 1]; }
   void write(Stream stream, std::string_view bytes);
+  // Ends an open line on the console for something else; its rank's line goes on later.
+  void cut(OpenLine& line);
+  // Whether the current line of `rank`'s `stream` was cut so (forgotten once asked).
+  bool take_cut(int rank, Stream stream);
 
   bool shared_screen_;
   OpenLine screens_[2];
+  // The rank streams whose line was ended on the console while it went on in the rank: if
+  // that line then ends with nothing more, the console has ended it already (no empty line).
+  std::vector<std::pair<int, Stream>> cut_;
   std::vector<std::pair<Stream, std::string>> pending_;  // the first used_ are in use
   std::size_t used_ = 0;
   std::size_t pending_bytes_ = 0;
