@@ -16,9 +16,10 @@
 # builds runs once they are done. A table at the end says how long each part took (also in
 # build/test-logs/phases.txt), and pytest lists its slowest tests.
 # AIRHOST_TEST_FUZZ=0, AIRHOST_TEST_SANITIZE=0, AIRHOST_TEST_WHEELS=0 (and with it the
-# containers), AIRHOST_TEST_CONTAINERS=0 and AIRHOST_TEST_GUARD=0 skip a part. AIRHOST_TEST_WORKERS=N runs the pytest suite in N pytest-xdist workers (default
-# 3, a file per worker, the longest files first: most tests wait on processes, so 3 workers keep
-# 2 cores busy; 1 runs it in one process).
+# containers), AIRHOST_TEST_CONTAINERS=0 and AIRHOST_TEST_GUARD=0 skip a part.
+# AIRHOST_TEST_WORKERS=N runs the pytest suite in N pytest-xdist workers (default 3, a file per
+# worker, the longest files first: most tests wait on processes, so 3 workers keep 2 cores
+# busy; 1 runs it in one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -168,10 +169,10 @@ rm -f "$SETUP_DONE"
 #    compiler in reach, and run (its own pytest session, its own temporary directory); then
 #    tests/container/: deploy/Dockerfile's image built from the wheel with podman on a Debian
 #    base (made meanwhile, once per machine) and run as users run it;
-#  - once the wheels are built and .venv is there, every parser of outside bytes under libFuzzer, AddressSanitizer and
-#    UBSan, from its corpus (tests/fuzz/), a fixed number of runs from a fixed seed (the same
-#    inputs each time); then the ASan+UBSan and TSan trees of scripts/sanitize.sh, built (it
-#    runs them further down).
+#  - once the wheels are built and .venv is there, every parser of outside bytes under
+#    libFuzzer, AddressSanitizer and UBSan, from its corpus (tests/fuzz/), a fixed number of
+#    runs from a fixed seed (the same inputs each time); then the ASan+UBSan and TSan trees of
+#    scripts/sanitize.sh, built (it runs them further down).
 # The container tests (tests/container/): where podman is (the set-up's system packages bring it).
 CONTAINERS=0
 [ "${AIRHOST_TEST_CONTAINERS:-1}" = 1 ] && command -v podman >/dev/null && CONTAINERS=1

@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -56,11 +55,20 @@ def image():
     podman("rmi", "-f", TAG, check=False)
 
 
-def run(image: str, *args: str, name: str | None = None, opts: tuple[str, ...] = (), timeout: float = 180):
-    """`podman run --rm` of the image with the test scripts at /scripts: (exit code, output)."""
-    r = podman("run", "--rm", *(("--name", name) if name else ()), "-v", f"{SCRIPTS}:/scripts:ro",
-               "-v", f"{OWN_SCRIPTS}:/container-scripts:ro", "-e", "AIRHOST_TRACKING=0", "-w", "/tmp", *opts,
-               image, *args, timeout=timeout, check=False)
+def container_args(runs: Path | None = None) -> list[str]:
+    """What every `podman run` here adds before the image: the test scripts at /scripts and
+    /container-scripts, no MLflow, /tmp as the working directory, and with `runs` a volume at
+    /runs holding the run records."""
+    args = ["-v", f"{SCRIPTS}:/scripts:ro", "-v", f"{OWN_SCRIPTS}:/container-scripts:ro",
+            "-e", "AIRHOST_TRACKING=0", "-w", "/tmp"]
+    if runs is not None:
+        args += ["-v", f"{runs}:/runs", "-e", "AIRHOST_RUNS_DIR=/runs"]
+    return args
+
+
+def run(image: str, *args: str, timeout: float = 180):
+    """`podman run --rm` of the image: (exit code, output)."""
+    r = podman("run", "--rm", *container_args(), image, *args, timeout=timeout, check=False)
     return r.returncode, r.stdout + r.stderr
 
 
@@ -103,12 +111,11 @@ def test_podman_stop_ends_the_ranks_within_grace_143_recorded_and_no_zombie_insi
     runs = tmp_path / "runs"
     runs.mkdir()
     name = f"airhost-stop-{uuid.uuid4().hex[:8]}"
-    podman("run", "-d", "--name", name, "-v", f"{SCRIPTS}:/scripts:ro", "-v", f"{runs}:/runs", "-e",
-           "AIRHOST_RUNS_DIR=/runs", "-e", "AIRHOST_TRACKING=0", "-w", "/tmp", image, "/scripts/orphans.py", "-n", "2",
+    podman("run", "-d", "--name", name, *container_args(runs), image, "/scripts/orphans.py", "-n", "2",
            "--grace", "3", "--", "--all", "--then-sleep")
     try:
         # Each rank left orphans that died: PID 1 (airhost) reaped every one, no zombie in the container.
-        out = wait_logged(name, "no zombie", 90)
+        wait_logged(name, "no zombie", 90)
         wait_logged(name, "[rank 1] rank 1: no zombie", 30)
         t0 = time.monotonic()
         podman("stop", "-t", "30", name, timeout=60)
@@ -136,8 +143,7 @@ def network():
 
 def node(image, net, rank, ip, script, *args, runs: Path):
     name = f"airhost-n{rank}-{uuid.uuid4().hex[:6]}"
-    podman("run", "-d", "--name", name, "--network", net, "--ip", ip, "-v", f"{SCRIPTS}:/scripts:ro",
-           "-v", f"{runs}:/runs", "-e", "AIRHOST_RUNS_DIR=/runs", "-e", "AIRHOST_TRACKING=0", "-w", "/tmp", image,
+    podman("run", "-d", "--name", name, "--network", net, "--ip", ip, *container_args(runs), image,
            script, "-n", "2", "--nnodes", "2", "--node-rank", str(rank), "--master-addr", "10.89.231.10",
            "--master-port", "29500", "--node-timeout", "5", *args)
     return name
